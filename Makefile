@@ -1,0 +1,32 @@
+# The two commands of the README. Each builds the virtual environment on first use
+# and reuses it afterwards (the stamp file is rebuilt only when requirements.txt changes).
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+OUT ?= outputs/main
+
+.PHONY: main test lint bench clean-env
+
+$(VENV)/.stamp: requirements.txt
+	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "Python 3.11+ is needed, found " + sys.version.split()[0]'
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --disable-pip-version-check -r requirements.txt
+	$(PY) -m pip check
+	@touch $@
+
+## main: every notebook, end to end, in local mode with the tiny offline model
+main: $(VENV)/.stamp
+	$(PY) -m helpers.run_notebooks --out $(OUT)
+
+## test: the whole test suite (what .ci/run calls)
+test: $(VENV)/.stamp
+	$(PY) -m pytest
+
+lint: $(VENV)/.stamp
+	$(PY) -m ruff check helpers scripts tests bench notebooks
+
+bench: $(VENV)/.stamp
+	$(PY) -m bench.run_all
+
+clean-env:
+	rm -rf $(VENV)

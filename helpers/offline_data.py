@@ -1,0 +1,282 @@
+"""Small data sets in the real formats, written by the project itself.
+
+Tests, local mode and the main job need GSM8K-style problems, preference pairs, chat
+conversations and competitive-programming problems without any download. Each writer
+is deterministic for a seed and writes JSON Lines, one record a line, in the layout the
+training scripts read from a SageMaker channel (``train.jsonl`` / ``test.jsonl``).
+
+In the cloud the data-preparation notebook loads the real sets by name with
+``datasets`` (``openai/gsm8k`` and friends) and writes the same layouts.
+
+Formats:
+- GSM8K:       {"question": str, "answer": "<worked solution>\\n#### <number>"}
+- preferences: {"prompt": str, "chosen": str, "rejected": str}
+- chat (SFT):  {"messages": [{"role": "system"|"user"|"assistant", "content": str}, ...]}
+- code:        {"id": str, "statement": str, "testtype": "stdin"|"functional",
+                "fn_name": str (functional only), "float_tolerance": bool (optional),
+                "tests": [{"input": str, "output": str}, ...]}
+  For functional problems ``input`` is the JSON text of the argument list and ``output``
+  the JSON text of the return value.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from collections.abc import Callable, Iterable
+from pathlib import Path
+
+NAMES = ["Natalia", "Weng", "Betty", "Julie", "James", "Albert", "Ken", "Alexis", "Tina", "Mark",
+         "Priya", "Omar", "Lena", "Diego", "Mei", "Sam"]
+ITEMS = ["apples", "pencils", "stickers", "cookies", "marbles", "books", "cards", "shells"]
+
+SYSTEM_PROMPT = "You are a helpful assistant. Solve the problem step by step and end with '#### <answer>'."
+
+
+# --------------------------------------------------------------------------- GSM8K style
+
+def _problem_sold_half(rng: random.Random) -> tuple[str, list[str], int]:
+    name, item = rng.choice(NAMES), rng.choice(ITEMS)
+    first = 2 * rng.randint(5, 60)
+    second = first // 2
+    total = first + second
+    question = (f"{name} sold {first} {item} in April, and then sold half as many {item} in May. "
+                f"How many {item} did {name} sell altogether in April and May?")
+    steps = [f"{name} sold {first}/2 = <<{first}/2={second}>>{second} {item} in May.",
+             f"{name} sold {first}+{second} = <<{first}+{second}={total}>>{total} {item} altogether."]
+    return question, steps, total
+
+
+def _problem_hourly_pay(rng: random.Random) -> tuple[str, list[str], int]:
+    name = rng.choice(NAMES)
+    rate, hours = rng.randint(8, 30), rng.randint(2, 12)
+    total = rate * hours
+    question = f"{name} earns ${rate} an hour for babysitting. Yesterday, {name} babysat for {hours} hours. How much did {name} earn?"
+    steps = [f"{name} earned {rate}*{hours} = <<{rate}*{hours}={total}>>{total} dollars."]
+    return question, steps, total
+
+
+def _problem_saving(rng: random.Random) -> tuple[str, list[str], int]:
+    name, item = rng.choice(NAMES), rng.choice(["bike", "guitar", "wallet", "backpack"])
+    price = rng.randint(50, 400)
+    saved = rng.randint(1, price - 1)
+    gift = rng.randint(0, price - saved)
+    need = price - saved - gift
+    question = (f"{name} wants a new {item} that costs ${price}. {name} has saved ${saved} and a friend gives "
+                f"{name} ${gift}. How much more money does {name} need?")
+    steps = [f"{name} has {saved}+{gift} = <<{saved}+{gift}={saved + gift}>>{saved + gift} dollars.",
+             f"{name} needs {price}-{saved + gift} = <<{price}-{saved + gift}={need}>>{need} more dollars."]
+    return question, steps, need
+
+
+def _problem_boxes(rng: random.Random) -> tuple[str, list[str], int]:
+    name, item = rng.choice(NAMES), rng.choice(ITEMS)
+    boxes, per_box, given = rng.randint(2, 9), rng.randint(3, 12), rng.randint(1, 10)
+    have = boxes * per_box
+    given = min(given, have)
+    left = have - given
+    question = (f"{name} has {boxes} boxes with {per_box} {item} in each box. {name} gives away {given} {item}. "
+                f"How many {item} does {name} have left?")
+    steps = [f"{name} starts with {boxes}*{per_box} = <<{boxes}*{per_box}={have}>>{have} {item}.",
+             f"After giving some away, {name} has {have}-{given} = <<{have}-{given}={left}>>{left} {item}."]
+    return question, steps, left
+
+
+def _problem_pages(rng: random.Random) -> tuple[str, list[str], int]:
+    name = rng.choice(NAMES)
+    per_day, days, extra = rng.randint(5, 40), rng.randint(2, 7), rng.randint(0, 30)
+    read = per_day * days
+    total = read + extra
+    question = (f"{name} reads {per_day} pages a day for {days} days and then {extra} pages on the weekend. "
+                f"How many pages did {name} read in total?")
+    steps = [f"On weekdays {name} read {per_day}*{days} = <<{per_day}*{days}={read}>>{read} pages.",
+             f"In total {name} read {read}+{extra} = <<{read}+{extra}={total}>>{total} pages."]
+    return question, steps, total
+
+
+def _problem_share(rng: random.Random) -> tuple[str, list[str], int]:
+    name, item = rng.choice(NAMES), rng.choice(ITEMS)
+    friends, each = rng.randint(2, 8), rng.randint(2, 15)
+    total = friends * each
+    question = (f"{name} shares {total} {item} equally among {friends} friends. How many {item} does each "
+                f"friend get?")
+    steps = [f"Each friend gets {total}/{friends} = <<{total}/{friends}={each}>>{each} {item}."]
+    return question, steps, each
+
+
+GSM8K_TEMPLATES: list[Callable[[random.Random], tuple[str, list[str], int]]] = [
+    _problem_sold_half, _problem_hourly_pay, _problem_saving, _problem_boxes, _problem_pages, _problem_share,
+]
+
+
+def gsm8k_records(n: int, seed: int = 0) -> list[dict]:
+    """``n`` GSM8K-format records: a question and a worked answer ending in ``#### <number>``."""
+    rng = random.Random(seed)
+    records = []
+    for _ in range(n):
+        question, steps, result = rng.choice(GSM8K_TEMPLATES)(rng)
+        records.append({"question": question, "answer": "\n".join(steps) + f"\n#### {result}"})
+    return records
+
+
+def gsm8k_final_number(answer: str) -> str:
+    """The reference number of a GSM8K answer (the text after ``####``)."""
+    return answer.split("####")[-1].strip().replace(",", "")
+
+
+def solution_text(answer: str) -> str:
+    """A GSM8K answer without the ``<<...>>`` calculator annotations, as a model should write it."""
+    import re
+    return re.sub(r"<<[^>]*>>", "", answer)
+
+
+# --------------------------------------------------------------------------- preferences, chat
+
+def preference_records(n: int, seed: int = 0) -> list[dict]:
+    """Preference pairs: the correct worked solution is chosen, one with a wrong final number rejected."""
+    rng = random.Random(seed + 1)
+    records = []
+    for problem in gsm8k_records(n, seed=seed + 1):
+        good = solution_text(problem["answer"])
+        right = int(gsm8k_final_number(problem["answer"]))
+        wrong = right + rng.choice([-3, -2, -1, 1, 2, 5, 10])
+        bad = good.rsplit("####", 1)[0] + f"#### {wrong}"
+        records.append({"prompt": problem["question"], "chosen": good, "rejected": bad})
+    return records
+
+
+_SMALL_TALK = [
+    ("What is the capital of France?", "The capital of France is Paris."),
+    ("Name a prime number larger than 10.", "13 is a prime number larger than 10."),
+    ("How many days are in a week?", "There are 7 days in a week."),
+    ("What colour do you get by mixing blue and yellow?", "Mixing blue and yellow gives green."),
+    ("Say hello in Spanish.", "Hola!"),
+    ("What is 12 times 12?", "12 times 12 is 144."),
+]
+
+
+def chat_records(n: int, seed: int = 0) -> list[dict]:
+    """SFT conversations in the ``messages`` format: mostly worked maths, some small talk."""
+    rng = random.Random(seed + 2)
+    problems = gsm8k_records(n, seed=seed + 2)
+    records = []
+    for i in range(n):
+        if i % 4 == 3:
+            user, assistant = rng.choice(_SMALL_TALK)
+            messages = [{"role": "user", "content": user}, {"role": "assistant", "content": assistant}]
+        else:
+            messages = [{"role": "system", "content": SYSTEM_PROMPT},
+                        {"role": "user", "content": problems[i]["question"]},
+                        {"role": "assistant", "content": solution_text(problems[i]["answer"])}]
+        records.append({"messages": messages})
+    return records
+
+
+# --------------------------------------------------------------------------- competitive programming
+
+def _code_sum_two(rng: random.Random, idx: int) -> dict:
+    tests = []
+    for _ in range(4):
+        a, b = rng.randint(-1000, 1000), rng.randint(-1000, 1000)
+        tests.append({"input": f"{a} {b}\n", "output": f"{a + b}\n"})
+    return {"id": f"sum-two-{idx}", "testtype": "stdin",
+            "statement": "Read two integers a and b from one line of standard input and print a + b.",
+            "tests": tests}
+
+
+def _code_max_list(rng: random.Random, idx: int) -> dict:
+    tests = []
+    for _ in range(4):
+        values = [rng.randint(-100, 100) for _ in range(rng.randint(1, 8))]
+        tests.append({"input": f"{len(values)}\n{' '.join(map(str, values))}\n", "output": f"{max(values)}\n"})
+    return {"id": f"max-list-{idx}", "testtype": "stdin",
+            "statement": "The first line holds n, the second n integers. Print the largest of them.",
+            "tests": tests}
+
+
+def _code_reverse(rng: random.Random, idx: int) -> dict:
+    tests = []
+    for _ in range(4):
+        word = "".join(rng.choice("abcdefghij") for _ in range(rng.randint(1, 10)))
+        tests.append({"input": word + "\n", "output": word[::-1] + "\n"})
+    return {"id": f"reverse-{idx}", "testtype": "stdin",
+            "statement": "Read one word and print it reversed.", "tests": tests}
+
+
+def _code_average(rng: random.Random, idx: int) -> dict:
+    tests = []
+    for _ in range(4):
+        values = [rng.randint(0, 50) for _ in range(rng.randint(1, 6))]
+        tests.append({"input": " ".join(map(str, values)) + "\n", "output": f"{sum(values) / len(values):.6f}\n"})
+    return {"id": f"average-{idx}", "testtype": "stdin", "float_tolerance": True,
+            "statement": "Read integers from one line and print their mean (an absolute or relative error "
+                         "of 1e-6 is accepted).",
+            "tests": tests}
+
+
+def _code_add_function(rng: random.Random, idx: int) -> dict:
+    tests = []
+    for _ in range(4):
+        a, b = rng.randint(-50, 50), rng.randint(-50, 50)
+        tests.append({"input": json.dumps([a, b]), "output": json.dumps(a * b + a)})
+    return {"id": f"func-{idx}", "testtype": "functional", "fn_name": "solve",
+            "statement": "Write a function solve(a, b) that returns a * b + a.", "tests": tests}
+
+
+CODE_TEMPLATES = [_code_sum_two, _code_max_list, _code_reverse, _code_average, _code_add_function]
+
+
+def code_problem_records(n: int, seed: int = 0) -> list[dict]:
+    """Competitive-programming problems with stdin/stdout or functional tests."""
+    rng = random.Random(seed + 3)
+    return [CODE_TEMPLATES[i % len(CODE_TEMPLATES)](rng, i) for i in range(n)]
+
+
+# --------------------------------------------------------------------------- writing
+
+def write_jsonl(path: str | Path, records: Iterable[dict]) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w", encoding="utf-8") as handle:
+        for record in records:
+            handle.write(json.dumps(record, ensure_ascii=False) + "\n")
+    return path
+
+
+def read_jsonl(path: str | Path) -> list[dict]:
+    with Path(path).open(encoding="utf-8") as handle:
+        return [json.loads(line) for line in handle if line.strip()]
+
+
+DATASETS = {
+    "gsm8k": gsm8k_records,
+    "preferences": preference_records,
+    "chat": chat_records,
+    "code": code_problem_records,
+}
+
+
+def write_all(root: str | Path, n_train: int = 64, n_test: int = 16, seed: int = 0) -> dict[str, Path]:
+    """Write every data set as ``<root>/<name>/{train,test}.jsonl``; returns the folder of each."""
+    root = Path(root)
+    folders = {}
+    for name, make in DATASETS.items():
+        records = make(n_train + n_test, seed=seed)
+        write_jsonl(root / name / "train.jsonl", records[:n_train])
+        write_jsonl(root / name / "test.jsonl", records[n_train:])
+        folders[name] = root / name
+    return folders
+
+
+def corpus(seed: int = 0) -> list[str]:
+    """Text for training the tiny tokenizer: every kind of text the offline data sets contain."""
+    texts = [SYSTEM_PROMPT]
+    texts += [r["question"] + "\n" + solution_text(r["answer"]) for r in gsm8k_records(400, seed)]
+    texts += [m["content"] for r in chat_records(80, seed) for m in r["messages"]]
+    texts += [p["statement"] + "\n" + t["input"] + t["output"]
+              for p in code_problem_records(40, seed) for t in p["tests"]]
+    texts += ["```python\nimport sys\n\ndef main():\n    data = sys.stdin.read().split()\n"
+              "    print(sum(int(x) for x in data))\n\nif __name__ == '__main__':\n    main()\n```",
+              "def solve(a, b):\n    return a * b + a\n",
+              "<think>\nLet me work it out step by step.\n</think>\n\\boxed{42} The answer is $1,000.00 or -3 or 3/4."]
+    return texts

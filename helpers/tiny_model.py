@@ -1,0 +1,139 @@
+"""A tiny causal LM and its tokenizer, built offline in seconds.
+
+The Hugging Face Hub is out of reach in tests and CI, so local mode, the tests and the
+main job use a Qwen2-architecture model of about 1.3 M parameters with a byte-level BPE
+tokenizer trained here on the project's own text. It is saved with ``save_pretrained``
+and loads with ``AutoModelForCausalLM`` / ``AutoTokenizer`` like any hub model, so the
+training scripts cannot tell it from ``Qwen/Qwen2.5-0.5B-Instruct``.
+
+The tokenizer is trained with the same pipeline Qwen2's tokenizer rebuilds on load (NFC,
+Qwen2's split regex, ``ByteLevel(use_regex=False)``); with plain ByteLevel pre-tokenisation
+the reloaded tokenizer would silently give other ids.
+
+    python -m helpers.tiny_model            # builds (or reuses) and prints the folder
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+# Qwen2's pre-tokenisation regex (letters, numbers one by one, punctuation, spaces).
+QWEN2_SPLIT_REGEX = (
+    r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"""
+)
+SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+CHATML_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+
+TINY_CONFIG = dict(
+    hidden_size=128,
+    intermediate_size=512,
+    num_hidden_layers=4,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=1024,
+    tie_word_embeddings=True,
+    rope_theta=10000.0,
+)
+VOCAB_SIZE = 2048
+BUILDER_VERSION = 1  # bump when anything below changes, so caches are rebuilt
+
+
+def build_tokenizer(seed: int = 0):
+    """Train the byte-level BPE tokenizer and wrap it as a ``PreTrainedTokenizerFast``."""
+    from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    from helpers.offline_data import corpus
+
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.normalizer = normalizers.NFC()
+    tokenizer.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(QWEN2_SPLIT_REGEX), behavior="isolated", invert=False),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+    ])
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=VOCAB_SIZE,
+        special_tokens=SPECIAL_TOKENS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),  # all 256 bytes: no <unk> ever
+        show_progress=False,
+    )
+    tokenizer.train_from_iterator(corpus(seed), trainer=trainer)
+    wrapped = PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer,
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+        bos_token=None,
+        unk_token=None,
+        additional_special_tokens=["<|im_start|>"],
+    )
+    wrapped.chat_template = CHATML_TEMPLATE
+    return wrapped
+
+
+def build_tiny_model(out_dir: str | Path, seed: int = 0) -> Path:
+    """Build the tiny model and tokenizer into ``out_dir`` (deterministic for ``seed``)."""
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    out_dir = Path(out_dir)
+    tokenizer = build_tokenizer(seed)
+    config = Qwen2Config(
+        vocab_size=len(tokenizer),
+        bos_token_id=tokenizer.convert_tokens_to_ids("<|endoftext|>"),
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        **TINY_CONFIG,
+    )
+    torch.manual_seed(seed)
+    model = Qwen2ForCausalLM(config)
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    out_dir.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out_dir, safe_serialization=True)
+    tokenizer.save_pretrained(out_dir)
+    return out_dir
+
+
+def _cache_root() -> Path:
+    root = os.environ.get("TINY_MODEL_CACHE")
+    if root:
+        return Path(root)
+    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "sagemaker-llm-loops"
+
+
+def tiny_model_dir(seed: int = 0) -> Path:
+    """The cached tiny model folder, built once per machine (safe when several processes ask at once)."""
+    import transformers
+
+    key = json.dumps([BUILDER_VERSION, seed, TINY_CONFIG, VOCAB_SIZE, transformers.__version__], sort_keys=True)
+    digest = hashlib.sha256(key.encode()).hexdigest()[:12]
+    target = _cache_root() / f"tiny-qwen2-{digest}"
+    if (target / "config.json").exists() and (target / "tokenizer.json").exists():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=target.name + ".", dir=target.parent))
+    try:
+        build_tiny_model(staging, seed=seed)
+        try:
+            staging.rename(target)  # atomic: readers see a whole folder or none
+        except OSError:
+            if not (target / "config.json").exists():  # lost a race only if the winner finished
+                raise
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return target
+
+
+if __name__ == "__main__":
+    print(tiny_model_dir())
