@@ -1,0 +1,285 @@
+"""Checkpoints that survive spot interruptions, and the SIGTERM flag that announces one.
+
+SageMaker syncs ``/opt/ml/checkpoints`` with ``checkpoint_s3_uri`` and, after a spot
+interruption, restarts the job with the same files in place. Before stopping an instance it
+sends SIGTERM; the loop then saves and exits cleanly. A checkpoint is a folder::
+
+    <checkpoint_dir>/step_00000120/
+        model.pt       model state dict (full, unsharded; trainable parameters only with LoRA)
+        optimizer.pt   optimizer state dict
+        state.pt       step, scheduler, RNG states of every rank (python, numpy, torch CPU/CUDA),
+                       and the script's ``extra`` (data position, ...)
+        manifest.json  written last: step and each file's size
+
+It is written under a temporary name and renamed when complete, so a folder named
+``step_*`` with a matching manifest is whole. Loading walks from the newest and skips, with a
+warning, any folder whose manifest is missing, whose sizes disagree or that fails to load.
+
+With DDP rank 0 writes and the others wait; with FSDP2 every rank takes part in gathering
+the full state (``torch.distributed.checkpoint.state_dict``), rank 0 writes it, and on resume
+rank 0 reads it and broadcasts the shards.
+
+API:
+    Checkpointer(directory, learners, keep=2, trainable_only=False)
+        .save(step, model, optimizer, scheduler=None, extra=None) -> Path | None
+        .load_latest(model, optimizer, scheduler=None) -> dict | None
+              restores everything in place; returns {"step": int, "extra": dict} or None
+        .complete_checkpoints() -> list[Path]  (newest last)
+    SigtermFlag()  install a SIGTERM handler; ``.received`` is set by the signal,
+                   ``.should_stop(learners)`` agrees across learners (call once per step)
+    seed_everything(seed), rng_state() / set_rng_state(state)
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import random
+import shutil
+import signal
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from common.distributed import Learners, any_flag, barrier, unwrap
+
+log = logging.getLogger("common")
+
+MANIFEST = "manifest.json"
+PREFIX = "step_"
+
+
+# --------------------------------------------------------------------------- RNG
+
+
+def rng_state() -> dict:
+    """Every random number generator a training step may draw from."""
+    state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state()
+    return state
+
+
+def seed_everything(seed: int) -> None:
+    """Seed python, numpy and torch (CPU and every GPU) alike on every learner."""
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def set_rng_state(state: dict) -> None:
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state(state["cuda"])
+
+
+# --------------------------------------------------------------------------- model/optimizer state
+
+
+def _is_fsdp(model: torch.nn.Module) -> bool:
+    try:
+        from torch.distributed.fsdp import FSDPModule
+    except ImportError:
+        return False
+    return isinstance(model, FSDPModule)
+
+
+def _model_state(model, trainable_only: bool) -> dict:
+    if _is_fsdp(model):  # collective: every rank calls it, rank 0 receives the full tensors
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    module = unwrap(model)
+    if trainable_only:
+        return {name: p.detach().cpu() for name, p in module.named_parameters() if p.requires_grad}
+    return {name: t.detach().cpu() for name, t in module.state_dict().items()}
+
+
+def _optimizer_state(model, optimizer) -> dict:
+    if _is_fsdp(model):
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+
+        return get_optimizer_state_dict(model, optimizer,
+                                        options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    return optimizer.state_dict()
+
+
+def _load_model_state(model, state: dict, trainable_only: bool) -> None:
+    if _is_fsdp(model):
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+        set_model_state_dict(model, state, options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True))
+        return
+    result = unwrap(model).load_state_dict(state, strict=not trainable_only)
+    if trainable_only and result.unexpected_keys:
+        raise ValueError(f"checkpoint has parameters this model lacks: {result.unexpected_keys[:5]}")
+
+
+def _load_optimizer_state(model, optimizer, state: dict) -> None:
+    if _is_fsdp(model):
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+
+        set_optimizer_state_dict(model, optimizer, optim_state_dict=state,
+                                 options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True))
+        return
+    optimizer.load_state_dict(state)
+
+
+def _gather_objects(obj, learners: Learners) -> list:
+    if not learners.distributed:
+        return [obj]
+    gathered = [None] * learners.world_size
+    dist.all_gather_object(gathered, obj)
+    return gathered
+
+
+def _fsync_save(obj, path: Path) -> None:
+    with open(path, "wb") as handle:
+        torch.save(obj, handle)
+        handle.flush()
+        os.fsync(handle.fileno())
+
+
+# --------------------------------------------------------------------------- checkpointer
+
+
+class Checkpointer:
+    """Saves and restores the full training state under ``directory`` (see the module docstring)."""
+
+    def __init__(self, directory: str | Path, learners: Learners, keep: int = 2, trainable_only: bool = False):
+        self.directory = Path(directory)
+        self.learners = learners
+        self.keep = max(1, keep)
+        self.trainable_only = trainable_only
+        if learners.is_main:
+            self.directory.mkdir(parents=True, exist_ok=True)
+            for leftover in self.directory.glob(".tmp-*"):  # an earlier run died while writing
+                shutil.rmtree(leftover, ignore_errors=True)
+        barrier(learners)
+
+    # ---------------------------------------------------------------- saving
+
+    def save(self, step: int, model, optimizer, scheduler=None, extra: dict | None = None) -> Path | None:
+        """Write a checkpoint of ``step`` (every rank must call it). Returns the folder on rank 0."""
+        started = time.perf_counter()
+        model_state = _model_state(model, self.trainable_only)
+        optimizer_state = _optimizer_state(model, optimizer)
+        rng_states = _gather_objects(rng_state(), self.learners)
+        final = None
+        if self.learners.is_main:
+            final = self.directory / f"{PREFIX}{step:08d}"
+            staging = self.directory / f".tmp-{final.name}-{os.getpid()}"
+            shutil.rmtree(staging, ignore_errors=True)
+            staging.mkdir(parents=True)
+            _fsync_save(model_state, staging / "model.pt")
+            _fsync_save(optimizer_state, staging / "optimizer.pt")
+            _fsync_save({
+                "step": step,
+                "scheduler": scheduler.state_dict() if scheduler is not None else None,
+                "rng": rng_states,
+                "world_size": self.learners.world_size,
+                "extra": extra or {},
+            }, staging / "state.pt")
+            files = {p.name: p.stat().st_size for p in sorted(staging.iterdir())}
+            manifest = {"step": step, "files": files, "world_size": self.learners.world_size, "time": time.time()}
+            (staging / MANIFEST).write_text(json.dumps(manifest, indent=1))
+            if final.exists():  # the same step saved again (e.g. SIGTERM right after a periodic save)
+                shutil.rmtree(final)
+            os.replace(staging, final)
+            self._prune()
+            log.info("checkpoint step %d saved to %s in %.1fs", step, final, time.perf_counter() - started)
+        barrier(self.learners)
+        return final
+
+    def _prune(self) -> None:
+        for old in self.complete_checkpoints()[:-self.keep]:
+            shutil.rmtree(old, ignore_errors=True)
+
+    # ---------------------------------------------------------------- loading
+
+    def _is_complete(self, folder: Path) -> bool:
+        manifest_path = folder / MANIFEST
+        if not manifest_path.is_file():
+            return False
+        try:
+            manifest = json.loads(manifest_path.read_text())
+            return all((folder / name).is_file() and (folder / name).stat().st_size == size
+                       for name, size in manifest["files"].items())
+        except (OSError, ValueError, KeyError, TypeError):
+            return False
+
+    def complete_checkpoints(self) -> list[Path]:
+        """Whole checkpoints, oldest first."""
+        if not self.directory.is_dir():
+            return []
+        folders = sorted(p for p in self.directory.iterdir() if p.is_dir() and p.name.startswith(PREFIX))
+        return [p for p in folders if self._is_complete(p)]
+
+    def _candidates(self) -> list[Path]:
+        """Newest first; torn ones are reported and left out."""
+        if not self.directory.is_dir():
+            return []
+        folders = sorted((p for p in self.directory.iterdir() if p.is_dir() and p.name.startswith(PREFIX)), reverse=True)
+        good = []
+        for folder in folders:
+            if self._is_complete(folder):
+                good.append(folder)
+            else:
+                log.warning("skipping incomplete checkpoint %s (no manifest or file sizes differ)", folder)
+        return good
+
+    def load_latest(self, model, optimizer, scheduler=None) -> dict | None:
+        """Restore the newest whole checkpoint into ``model``/``optimizer``/``scheduler`` and the RNGs.
+
+        Returns ``{"step": step, "extra": extra}`` or None when there is nothing to resume from.
+        Every rank must call it (all ranks see the same files: one host, or SageMaker's S3 sync).
+        """
+        for folder in self._candidates():
+            try:
+                state = torch.load(folder / "state.pt", map_location="cpu", weights_only=False)
+                load_full = self.learners.is_main or not _is_fsdp(model)
+                model_state = torch.load(folder / "model.pt", map_location="cpu", weights_only=False) if load_full else {}
+                optimizer_state = (torch.load(folder / "optimizer.pt", map_location="cpu", weights_only=False)
+                                   if load_full else {})
+            except Exception as error:  # noqa: BLE001 - a damaged file means: try the previous one
+                log.warning("skipping unreadable checkpoint %s: %s", folder, error)
+                continue
+            _load_model_state(model, model_state, self.trainable_only)
+            _load_optimizer_state(model, optimizer, optimizer_state)
+            if scheduler is not None and state["scheduler"] is not None:
+                scheduler.load_state_dict(state["scheduler"])
+            rng = state["rng"]
+            if len(rng) == self.learners.world_size:
+                set_rng_state(rng[self.learners.rank])
+            else:
+                log.warning("checkpoint was written by %d processes, now %d: random state not restored",
+                            len(rng), self.learners.world_size)
+            log.info("resumed from %s (step %d)", folder, state["step"])
+            return {"step": state["step"], "extra": state["extra"]}
+        return None
+
+
+# --------------------------------------------------------------------------- SIGTERM
+
+
+class SigtermFlag:
+    """SageMaker sends SIGTERM before it stops a (spot) instance; the handler only sets a flag,
+    and the training loop checks it once per step, saves a checkpoint and exits cleanly."""
+
+    def __init__(self):
+        self.received = False
+        signal.signal(signal.SIGTERM, self._handle)
+
+    def _handle(self, signum, frame):
+        self.received = True
+        log.warning("SIGTERM received: saving a checkpoint after this step, then exiting")
+
+    def should_stop(self, learners: Learners) -> bool:
+        """True on every learner once any of them got SIGTERM."""
+        return any_flag(self.received, learners)

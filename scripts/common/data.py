@@ -1,0 +1,109 @@
+"""Reading JSON Lines with errors that point at the bad row, and a reproducible batch order.
+
+API:
+    read_jsonl(path, fields, check=None) -> list[dict]
+        every row must be a JSON object with each of ``fields`` present and non-empty; ``check(row)``
+        may raise ``ValueError("...")`` for anything else. Errors are ``UserError`` naming the
+        file, the line number and the field.
+    BatchOrder(num_examples, batch_size, seed)
+        endless global batches of example indices: each epoch is a fresh permutation seeded by
+        (seed, epoch); ``.next()`` -> list[int]; ``.state_dict()`` / ``.load_state_dict()`` hold the
+        position, so a resumed run sees exactly the batches an uninterrupted one would.
+    shard_batch(indices, learners, micro_batch_size) -> list[list[int]]
+        this learner's micro-batches of a global batch (each learner gets the same number).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import torch
+
+from common.contract import UserError
+from common.distributed import Learners
+
+
+def _is_empty(value) -> bool:
+    return value is None or (isinstance(value, (str, list, dict)) and len(value) == 0) or \
+        (isinstance(value, str) and not value.strip())
+
+
+def read_jsonl(path: str | Path, fields: Sequence[str], check: Callable[[dict], None] | None = None) -> list[dict]:
+    """Rows of ``path``, validated (see module docstring)."""
+    path = Path(path)
+    if not path.is_file():
+        raise UserError(f"Data file {path} does not exist.")
+    rows = []
+    with open(path, encoding="utf-8") as handle:
+        for number, line in enumerate(handle, start=1):
+            if not line.strip():
+                continue
+            where = f"{path}, line {number}"
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as error:
+                raise UserError(f"{where}: not valid JSON ({error.msg} at column {error.colno}).") from None
+            if not isinstance(row, dict):
+                raise UserError(f"{where}: expected a JSON object with fields {list(fields)}, got {type(row).__name__}.")
+            for field in fields:
+                if field not in row:
+                    raise UserError(f"{where}: field '{field}' is missing (each row needs {list(fields)}).")
+                if _is_empty(row[field]):
+                    raise UserError(f"{where}: field '{field}' is empty.")
+            if check is not None:
+                try:
+                    check(row)
+                except ValueError as error:
+                    raise UserError(f"{where}: {error}") from None
+            rows.append(row)
+    if not rows:
+        raise UserError(f"Data file {path} has no rows.")
+    return rows
+
+
+class BatchOrder:
+    """Endless, reproducible sequence of global batches (see module docstring)."""
+
+    def __init__(self, num_examples: int, batch_size: int, seed: int):
+        if num_examples < 1:
+            raise UserError("The data set is empty.")
+        self.num_examples = num_examples
+        self.batch_size = batch_size
+        self.seed = seed
+        self.epoch = 0
+        self.position = 0  # next index into this epoch's permutation
+
+    def _permutation(self, epoch: int) -> list[int]:
+        generator = torch.Generator().manual_seed(self.seed * 1_000_003 + epoch)
+        return torch.randperm(self.num_examples, generator=generator).tolist()
+
+    def next(self) -> list[int]:
+        """The next ``batch_size`` indices (running into the next epoch when this one ends)."""
+        batch = []
+        while len(batch) < self.batch_size:
+            order = self._permutation(self.epoch)
+            take = order[self.position:self.position + self.batch_size - len(batch)]
+            batch += take
+            self.position += len(take)
+            if self.position >= self.num_examples:
+                self.epoch, self.position = self.epoch + 1, 0
+        return batch
+
+    def state_dict(self) -> dict:
+        return {"epoch": self.epoch, "position": self.position, "num_examples": self.num_examples}
+
+    def load_state_dict(self, state: dict) -> None:
+        if state["num_examples"] != self.num_examples:
+            raise UserError(f"The checkpoint was made with {state['num_examples']} training examples, the data now has "
+                            f"{self.num_examples}: use a new --checkpoint_dir (or checkpoint_s3_uri) for new data.")
+        self.epoch, self.position = state["epoch"], state["position"]
+
+
+def shard_batch(indices: list[int], learners: Learners, micro_batch_size: int) -> list[list[int]]:
+    """Cut a global batch into micro-batches of ``micro_batch_size`` and deal them round-robin:
+    learner ``r`` gets micro-batches r, r + world_size, ... (so every learner does the same number
+    of accumulation steps when ``len(indices)`` is a multiple of world_size * micro_batch_size)."""
+    chunks = [indices[i:i + micro_batch_size] for i in range(0, len(indices), micro_batch_size)]
+    return chunks[learners.rank::learners.world_size]

@@ -1,0 +1,207 @@
+"""Who trains together, and how the model is shared between them.
+
+``torchrun`` (started by the SageMaker toolkit when the estimator has
+``distribution={"torch_distributed": {"enabled": True}}``) sets ``RANK``, ``LOCAL_RANK`` and
+``WORLD_SIZE`` for every process; a plain ``python script.py`` is one learner.
+
+API:
+    Learners                    rank, world_size, local_rank, device, is_main (+ helpers below)
+    setup(seed=None)            read torchrun's variables, set EFA settings, start the process group
+                                (NCCL on GPUs, gloo on CPU), pick the device -> Learners
+    single_learner(device=None) a one-process ``Learners`` (code_rl trains on rank 0 only)
+    wrap_model(model, learners, strategy, activation_checkpointing=True)
+                                ``ddp``: DistributedDataParallel (or the bare model for one process);
+                                ``fsdp``: FSDP2 ``fully_shard`` per decoder layer + root,
+                                bf16 compute / fp32 reduction on GPU
+    unwrap(model)               the module underneath DDP (FSDP2 modules are their own)
+    gradient_sync(model, on)    context: skip the gradient all-reduce on accumulation micro-steps
+    autocast(learners)          bf16 autocast on GPU, nothing on CPU
+    clip_grad_norm(model, max_norm) -> float   the norm before clipping (DDP and FSDP2 alike)
+    all_reduce_sum(value, learners), any_flag(flag, learners), barrier(learners), teardown()
+    configure_efa()             EFA variables for p4d/p4de/p5 (called by setup)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+log = logging.getLogger("common")
+
+
+@dataclass(frozen=True)
+class Learners:
+    """The processes that train one model together (one per GPU, or one per CPU process)."""
+
+    rank: int
+    world_size: int
+    local_rank: int
+    device: torch.device
+
+    @property
+    def is_main(self) -> bool:
+        """Rank 0 prints metrics, writes checkpoints and saves the final model."""
+        return self.rank == 0
+
+    @property
+    def distributed(self) -> bool:
+        """True when gradients must be averaged over processes."""
+        return self.world_size > 1
+
+
+def single_learner(device: torch.device | str | None = None) -> Learners:
+    """One learner on ``device`` (default: this process's GPU if any, else CPU)."""
+    if device is None:
+        local_rank = int(os.environ.get("LOCAL_RANK", 0))
+        device = torch.device(f"cuda:{local_rank}") if torch.cuda.is_available() else torch.device("cpu")
+    return Learners(rank=0, world_size=1, local_rank=0, device=torch.device(device))
+
+
+# Instance families with EFA, and the settings the toolkit does not always make.
+# FI_EFA_USE_DEVICE_RDMA: GPUDirect RDMA (p4d/p4de/p5); FI_PROVIDER=efa: use EFA, not TCP, in libfabric;
+# FI_EFA_FORK_SAFE: data-loader workers fork after libfabric has registered memory.
+_EFA_SETTINGS = {
+    "ml.p4d.": {"FI_PROVIDER": "efa", "FI_EFA_USE_DEVICE_RDMA": "1", "FI_EFA_FORK_SAFE": "1"},
+    "ml.p4de.": {"FI_PROVIDER": "efa", "FI_EFA_USE_DEVICE_RDMA": "1", "FI_EFA_FORK_SAFE": "1"},
+    "ml.p5": {"FI_PROVIDER": "efa", "FI_EFA_USE_DEVICE_RDMA": "1", "FI_EFA_FORK_SAFE": "1"},
+}
+
+
+def configure_efa() -> dict[str, str]:
+    """Set EFA variables for the instance type in ``SM_CURRENT_INSTANCE_TYPE`` (never overriding
+    what is already set) and log them. Returns what was set."""
+    instance = os.environ.get("SM_CURRENT_INSTANCE_TYPE", "")
+    applied = {}
+    for prefix, settings in _EFA_SETTINGS.items():
+        if instance.startswith(prefix):
+            for key, value in settings.items():
+                if key not in os.environ:
+                    os.environ[key] = value
+                    applied[key] = value
+            log.info("EFA settings for %s: %s", instance,
+                     " ".join(f"{k}={os.environ[k]}" for k in settings))
+    return applied
+
+
+def setup() -> Learners:
+    """Start this process's part of the job and return who trains together."""
+    configure_efa()
+    world_size = int(os.environ.get("WORLD_SIZE", 1))
+    rank = int(os.environ.get("RANK", 0))
+    local_rank = int(os.environ.get("LOCAL_RANK", 0))
+    if torch.cuda.is_available():
+        device = torch.device(f"cuda:{local_rank}")
+        torch.cuda.set_device(device)
+    else:
+        device = torch.device("cpu")
+    if world_size > 1 and not dist.is_initialized():
+        backend = "nccl" if device.type == "cuda" else "gloo"
+        dist.init_process_group(backend=backend, device_id=device if device.type == "cuda" else None)
+        log.info("rank %d/%d (local %d) on %s, backend %s", rank, world_size, local_rank, device, backend)
+    return Learners(rank=rank, world_size=world_size, local_rank=local_rank, device=device)
+
+
+def teardown() -> None:
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def wrap_model(model: torch.nn.Module, learners: Learners, strategy: str, activation_checkpointing: bool = True):
+    """Share ``model`` (already on ``learners.device``) between the learners.
+
+    ddp:  every learner holds the whole model; gradients are averaged by DDP.
+    fsdp: FSDP2 shards each decoder layer's parameters, gradients and optimizer state over the
+          learners; on GPU the layers compute in bf16 and reduce gradients in fp32, and activation
+          checkpointing recomputes activations in the backward pass (memory for 8B models on 8 GPUs).
+    Build the optimizer from the returned model's parameters.
+    """
+    if strategy == "fsdp":
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+        if activation_checkpointing and hasattr(model, "gradient_checkpointing_enable"):
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) \
+            if learners.device.type == "cuda" else MixedPrecisionPolicy()
+        for layer in decoder_layers(model):
+            fully_shard(layer, mp_policy=policy)
+        fully_shard(model, mp_policy=policy)
+        return model
+    if strategy != "ddp":
+        raise ValueError(f"unknown strategy {strategy!r}: use ddp or fsdp")
+    if not learners.distributed:
+        return model
+    from torch.nn.parallel import DistributedDataParallel
+
+    device_ids = [learners.device.index] if learners.device.type == "cuda" else None
+    return DistributedDataParallel(model, device_ids=device_ids)
+
+
+def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """The repeated transformer blocks (the unit FSDP shards), found by the model's own
+    ``_no_split_modules`` class names (Qwen2DecoderLayer, LlamaDecoderLayer, ...)."""
+    names = set()
+    for module in model.modules():
+        names.update(getattr(module, "_no_split_modules", None) or [])
+    layers = [m for m in model.modules() if type(m).__name__ in names]
+    if not layers:
+        raise ValueError(f"cannot find decoder layers to shard in {type(model).__name__}")
+    return layers
+
+
+def unwrap(model: torch.nn.Module) -> torch.nn.Module:
+    """The model under DistributedDataParallel (FSDP2 keeps the original module)."""
+    return model.module if hasattr(model, "no_sync") and hasattr(model, "module") else model
+
+
+@contextlib.contextmanager
+def gradient_sync(model: torch.nn.Module, enabled: bool):
+    """Inside ``gradient_sync(model, False)`` backward only accumulates local gradients; the
+    last micro-step of an accumulation runs with ``True`` and averages them over learners."""
+    if hasattr(model, "set_requires_gradient_sync"):  # FSDP2
+        model.set_requires_gradient_sync(enabled)
+        yield
+        model.set_requires_gradient_sync(True)
+    elif hasattr(model, "no_sync") and not enabled:  # DDP
+        with model.no_sync():
+            yield
+    else:
+        yield
+
+
+def autocast(learners: Learners):
+    """bf16 compute with fp32 master weights on GPU; exact fp32 on CPU."""
+    if learners.device.type == "cuda":
+        return torch.autocast("cuda", dtype=torch.bfloat16)
+    return contextlib.nullcontext()
+
+
+def all_reduce_sum(value: float | torch.Tensor, learners: Learners) -> torch.Tensor:
+    """Sum of ``value`` over learners (a float64 tensor on the learners' device)."""
+    tensor = torch.as_tensor(value, dtype=torch.float64, device=learners.device).clone()
+    if learners.distributed:
+        dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
+    return tensor
+
+
+def any_flag(flag: bool, learners: Learners) -> bool:
+    """True on every learner if ``flag`` is true on any (all stop at the same step)."""
+    return bool(all_reduce_sum(1.0 if flag else 0.0, learners).item() > 0)
+
+
+def clip_grad_norm(model: torch.nn.Module, max_norm: float) -> float:
+    """Clip the gradients' global norm to ``max_norm`` (0 = no clipping); returns the norm before
+    clipping as a float (FSDP2 returns a DTensor, made whole here)."""
+    norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm if max_norm > 0 else float("inf"))
+    if hasattr(norm, "full_tensor"):
+        norm = norm.full_tensor()
+    return float(norm)
+
+
+def barrier(learners: Learners) -> None:
+    if learners.distributed:
+        dist.barrier()

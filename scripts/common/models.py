@@ -1,0 +1,131 @@
+"""Loading the starting model and saving the final one.
+
+Weights come from the ``model`` channel (``SM_CHANNEL_MODEL``) when the job has one, otherwise
+from ``--model_name_or_path`` (a hub id such as ``Qwen/Qwen2.5-0.5B-Instruct`` or a local folder).
+
+Precision: trained weights stay fp32 (master weights: bf16 cannot hold updates as small as
+lr * gradient) and compute in bf16 on GPU through ``distributed.autocast`` / FSDP2's mixed
+precision; frozen models (DPO's reference, LoRA's base) are loaded in bf16 on GPU. On CPU
+everything is fp32. The final model is saved in bf16 when trained on GPU, fp32 on CPU.
+
+API:
+    resolve_model_path(name_or_path) -> str      the channel wins; bad local path -> UserError
+    load_tokenizer(path)                          padding on the right, a pad token always set
+    load_model(path, device, trainable=True)      AutoModelForCausalLM, dtype as above
+    compute_dtype(device)                         bf16 on GPU, fp32 on CPU
+    save_final_model(model, tokenizer, out_dir, learners)
+                                                  safetensors + tokenizer (LoRA merged first),
+                                                  FSDP2 state gathered to rank 0
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+
+import torch
+
+from common.contract import UserError
+from common.distributed import Learners, unwrap
+
+log = logging.getLogger("common")
+
+
+def resolve_model_path(name_or_path: str) -> str:
+    """``SM_CHANNEL_MODEL`` if set, else ``name_or_path``, checked when it looks like a folder."""
+    channel = os.environ.get("SM_CHANNEL_MODEL")
+    if channel:
+        if not (Path(channel) / "config.json").is_file():
+            raise UserError(f"The 'model' channel ({channel}) has no config.json: upload a folder written by "
+                            f"save_pretrained (config.json, *.safetensors, tokenizer files).")
+        log.info("model from the 'model' channel: %s (overrides --model_name_or_path %s)", channel, name_or_path)
+        return channel
+    looks_local = (name_or_path.startswith(("/", "./", "../", "~")) or name_or_path.count("/") > 1
+                   or os.path.exists(name_or_path))
+    if looks_local:
+        path = Path(name_or_path).expanduser()
+        if not path.exists():
+            raise UserError(f"--model_name_or_path {name_or_path}: no such folder. Give an existing folder, a hub id "
+                            f"such as Qwen/Qwen2.5-0.5B-Instruct, or the weights as the 'model' channel.")
+        if not (path / "config.json").is_file():
+            raise UserError(f"--model_name_or_path {name_or_path}: the folder has no config.json "
+                            f"(expected a folder written by save_pretrained).")
+        return str(path)
+    return name_or_path
+
+
+def compute_dtype(device: torch.device) -> torch.dtype:
+    return torch.bfloat16 if device.type == "cuda" else torch.float32
+
+
+def _dtype_kwarg(dtype: torch.dtype) -> dict:
+    """transformers >= 4.56 calls it ``dtype``; older versions ``torch_dtype``."""
+    import transformers
+
+    major, minor = (int(x) for x in transformers.__version__.split(".")[:2])
+    return {"dtype": dtype} if (major, minor) >= (4, 56) else {"torch_dtype": dtype}
+
+
+def load_tokenizer(path: str):
+    from transformers import AutoTokenizer
+
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(path)
+    except OSError as error:
+        raise UserError(f"Cannot load the tokenizer of {path}: {error}") from None
+    if tokenizer.pad_token is None:  # padding positions are masked anyway; any token id will do
+        tokenizer.pad_token = tokenizer.eos_token
+    tokenizer.padding_side = "right"
+    return tokenizer
+
+
+def load_model(path: str, device: torch.device, trainable: bool = True):
+    """``AutoModelForCausalLM`` on ``device``: fp32 if trained, bf16 on GPU if frozen."""
+    from transformers import AutoModelForCausalLM
+
+    dtype = torch.float32 if trainable else compute_dtype(device)
+    try:
+        model = AutoModelForCausalLM.from_pretrained(path, **_dtype_kwarg(dtype))
+    except OSError as error:
+        raise UserError(f"Cannot load the model {path}: {error}") from None
+    model.to(device)
+    if not trainable:
+        model.eval()
+        model.requires_grad_(False)
+    return model
+
+
+def save_final_model(model, tokenizer, out_dir: str | Path, learners: Learners) -> None:
+    """Save for ``AutoModelForCausalLM.from_pretrained(out_dir)`` (every rank must call it).
+
+    LoRA adapters are merged into the base weights, so the result is a plain model.
+    """
+    out_dir = Path(out_dir)
+    module = unwrap(model)
+    state = None
+    try:
+        from torch.distributed.fsdp import FSDPModule
+
+        if isinstance(module, FSDPModule):
+            from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+            state = get_model_state_dict(module, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    except ImportError:
+        pass
+    if learners.is_main:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        if hasattr(module, "merge_and_unload"):  # peft
+            module = module.merge_and_unload()
+        save_dtype = compute_dtype(learners.device)
+        if state is None:
+            state = module.state_dict()
+        state = {name: tensor.detach().to("cpu", save_dtype) if tensor.is_floating_point() else tensor.detach().cpu()
+                 for name, tensor in state.items()}
+        module.save_pretrained(out_dir, state_dict=state, safe_serialization=True)
+        tokenizer.save_pretrained(out_dir)
+        log.info("final model saved to %s", out_dir)
+    if learners.distributed:
+        import torch.distributed as dist
+
+        dist.barrier()
