@@ -1,0 +1,102 @@
+"""Metric lines and metric files: the one format every training script writes.
+
+Rank 0 of every script prints one line per logging step::
+
+    step=12 loss=0.4312 learning_rate=1.2e-05
+
+and appends the same record to ``$SM_OUTPUT_DATA_DIR/metrics.jsonl``, which SageMaker
+packs into ``output.tar.gz`` next to the model. This module turns both back into records
+(``{"step": 12, "loss": 0.4312, ...}``), writes the ``metric_definitions`` that make
+SageMaker chart the same names, and reads a finished job's metrics from S3, the same
+way in the cloud and in local mode.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import math
+import re
+import tarfile
+
+# A float as the scripts print it (0.4312, -3, 1.2e-05); the same pattern SageMaker's
+# metric_definitions use, so the notebook and the console agree.
+FLOAT = r"-?[0-9.]+(?:[eE][-+]?[0-9]+)?"
+_STEP_LINE = re.compile(r"\bstep=(\d+)((?:\s+[a-z0-9_]+=\S+)+)")
+_PAIR = re.compile(r"([a-z0-9_]+)=(\S+)")
+
+
+def parse_metric_line(line: str) -> dict | None:
+    """``{"step": int, name: float, ...}`` for a metric line (anywhere in ``line``), else None."""
+    match = _STEP_LINE.search(line)
+    if match is None:
+        return None
+    record: dict = {"step": int(match.group(1))}
+    for name, value in _PAIR.findall(match.group(2)):
+        try:
+            record[name] = float(value)
+        except ValueError:
+            return None  # not one of our lines: some other tool's "step=3 mode=fast"
+    return record
+
+
+def parse_metric_lines(lines) -> list[dict]:
+    return [record for record in map(parse_metric_line, lines) if record is not None]
+
+
+def metric_definitions(*names: str) -> list[dict]:
+    """SageMaker ``metric_definitions`` for metric names, e.g. ``metric_definitions("loss", "reward")``."""
+    for name in names:
+        if not re.fullmatch(r"[a-z0-9_]+", name):
+            raise ValueError(f"Metric name {name!r} must match [a-z0-9_]+ (the scripts' metric line format).")
+    return [{"Name": name, "Regex": rf"\b{name}=({FLOAT})"} for name in names]
+
+
+def latest(records: list[dict]) -> dict:
+    """The last value of every metric (a metric may be logged on some steps only)."""
+    values: dict = {}
+    for record in records:
+        values.update(record)
+    return values
+
+
+def all_finite(records: list[dict]) -> bool:
+    return all(math.isfinite(v) for r in records for k, v in r.items() if k != "step")
+
+
+# --------------------------------------------------------------------------- from S3
+
+def _split_s3(uri: str) -> tuple[str, str]:
+    if not uri.startswith("s3://"):
+        raise ValueError(f"Not an S3 URI: {uri!r}")
+    bucket, _, key = uri[len("s3://"):].partition("/")
+    return bucket, key
+
+
+def job_output_uri(description: dict) -> str:
+    """S3 URI of a job's ``output.tar.gz`` (it sits next to ``model.tar.gz``)."""
+    output_path = description["OutputDataConfig"]["S3OutputPath"].rstrip("/")
+    return f"{output_path}/{description['TrainingJobName']}/output/output.tar.gz"
+
+
+def read_tar_member(session, uri: str, member_name: str) -> bytes | None:
+    """One file from a ``.tar.gz`` in S3 (None if the archive has no such file)."""
+    bucket, key = _split_s3(uri)
+    body = session.boto_session.client("s3", region_name=session.boto_region_name).get_object(
+        Bucket=bucket, Key=key)["Body"].read()
+    with tarfile.open(fileobj=io.BytesIO(body), mode="r:gz") as archive:
+        for member in archive.getmembers():
+            if member.name.lstrip("./") == member_name:
+                extracted = archive.extractfile(member)
+                return extracted.read() if extracted else None
+    return None
+
+
+def read_job_metrics(session, job_name: str) -> list[dict]:
+    """The records of ``metrics.jsonl`` in a finished job's ``output.tar.gz``."""
+    description = session.sagemaker_client.describe_training_job(TrainingJobName=job_name)
+    uri = job_output_uri(description)
+    data = read_tar_member(session, uri, "metrics.jsonl")
+    if data is None:
+        raise FileNotFoundError(f"{uri} holds no metrics.jsonl: did the script write to $SM_OUTPUT_DATA_DIR?")
+    return [json.loads(line) for line in data.decode("utf-8").splitlines() if line.strip()]
