@@ -5,8 +5,9 @@ maths problems or code. An environment is the data and the judge. Any object wit
 methods is one:
 
     load(path) -> list[dict]
-        Read and validate the examples in a JSON Lines file. A bad row raises ``ValueError`` naming
-        the file, the line and the field, so a training job fails with a reason that says what to fix.
+        Read and validate the examples in a JSON Lines file. A bad row raises ``common.contract.UserError``
+        naming the file, the line and the field (``common.data.read_jsonl`` does this), so a training
+        job fails with a reason that says what to fix.
 
     prompt_messages(example) -> list[dict]
         The chat messages (``[{"role": ..., "content": ...}, ...]``) that ask the model the example's
@@ -28,6 +29,8 @@ from __future__ import annotations
 
 import importlib
 from typing import Any, Protocol, runtime_checkable
+
+from common.contract import UserError
 
 
 @runtime_checkable
@@ -51,7 +54,7 @@ REGISTRY: dict[str, tuple[str, str]] = {
 def make_environment(name: str, **options: Any) -> Environment:
     """Build the environment registered as ``name``; ``options`` go to its constructor."""
     if name not in REGISTRY:
-        raise ValueError(f"Unknown environment {name!r}: choose one of {', '.join(sorted(REGISTRY))}.")
+        raise UserError(f"Unknown environment {name!r}: choose one of {', '.join(sorted(REGISTRY))}.")
     module_name, class_name = REGISTRY[name]
     # Relative import, so this works both as the top-level package ``environments`` (inside the
     # training container, cwd = code dir) and as ``scripts.environments``.

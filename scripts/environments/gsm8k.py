@@ -15,10 +15,10 @@ when the completion ends with ``#### <number>``; the loop adds it with ``--forma
 
 from __future__ import annotations
 
-import json
 import re
 from fractions import Fraction
-from pathlib import Path
+
+from common import data
 
 SYSTEM_PROMPT = "You are a helpful assistant. Solve the problem step by step and end with '#### <answer>'."
 
@@ -94,40 +94,22 @@ def has_final_line(completion: str) -> bool:
     return FINAL_LINE_RE.search(completion.strip()) is not None
 
 
+def _check_row(row: dict) -> None:
+    if not isinstance(row["question"], str) or not isinstance(row["answer"], str):
+        raise ValueError("fields 'question' and 'answer' must be text.")
+    if "####" not in row["answer"]:
+        raise ValueError("field 'answer' has no '#### <number>' line; GSM8K answers end with '#### <final number>'.")
+    if parse_number(reference_answer(row["answer"])) is None:
+        raise ValueError(f"field 'answer': the text after '####' ({reference_answer(row['answer'])!r}) is not a number.")
+
+
 class GSM8KEnvironment:
     """The GSM8K environment (see ``environments/__init__.py`` for the protocol)."""
 
     name = "gsm8k"
 
     def load(self, path) -> list[dict]:
-        path = Path(path)
-        examples = []
-        with path.open(encoding="utf-8") as handle:
-            for line_number, line in enumerate(handle, start=1):
-                if not line.strip():
-                    continue
-                where = f"{path}, line {line_number}"
-                try:
-                    row = json.loads(line)
-                except json.JSONDecodeError as error:
-                    raise ValueError(f"{where}: not valid JSON ({error.msg}). Each line must be one JSON object.") from None
-                if not isinstance(row, dict):
-                    raise ValueError(f"{where}: expected a JSON object with 'question' and 'answer', got {type(row).__name__}.")
-                for field in ("question", "answer"):
-                    if field not in row:
-                        raise ValueError(f"{where}: missing field '{field}'. GSM8K rows need 'question' and 'answer'.")
-                    if not isinstance(row[field], str) or not row[field].strip():
-                        raise ValueError(f"{where}: field '{field}' is empty; it must be non-empty text.")
-                if "####" not in row["answer"]:
-                    raise ValueError(f"{where}: field 'answer' has no '#### <number>' line; GSM8K answers end with "
-                                     "'#### <final number>'.")
-                if parse_number(reference_answer(row["answer"])) is None:
-                    raise ValueError(f"{where}: the text after '####' in 'answer' ({reference_answer(row['answer'])!r}) "
-                                     "is not a number.")
-                examples.append(row)
-        if not examples:
-            raise ValueError(f"{path}: no rows. Expected JSON Lines with 'question' and 'answer'.")
-        return examples
+        return data.read_jsonl(path, ["question", "answer"], check=_check_row)
 
     def prompt_messages(self, example: dict) -> list[dict]:
         return [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": example["question"]}]

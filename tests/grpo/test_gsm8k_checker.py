@@ -3,6 +3,7 @@
 import json
 
 import pytest
+from common.contract import UserError
 from environments import make_environment
 from environments.gsm8k import GSM8KEnvironment, extract_answer, has_final_line, is_correct, parse_number
 
@@ -77,7 +78,7 @@ def test_score_and_prompt():
 
 
 def test_unknown_environment_is_named():
-    with pytest.raises(ValueError, match="gsm8k"):
+    with pytest.raises(UserError, match="gsm8k"):
         make_environment("chess")
 
 
@@ -87,8 +88,8 @@ def test_load_reads_project_data(offline_data):
 
 
 @pytest.mark.parametrize("row,message", [
-    ({"answer": "#### 3"}, "missing field 'question'"),
-    ({"question": "q"}, "missing field 'answer'"),
+    ({"answer": "#### 3"}, "field 'question' is missing"),
+    ({"question": "q"}, "field 'answer' is missing"),
     ({"question": "q", "answer": "  "}, "field 'answer' is empty"),
     ({"question": "q", "answer": "it is 3"}, "no '#### <number>'"),
     ({"question": "q", "answer": "#### three"}, "is not a number"),
@@ -98,7 +99,7 @@ def test_load_errors_name_file_line_and_field(tmp_path, row, message):
     path = tmp_path / "train.jsonl"
     good = {"question": "What is 1 + 1?", "answer": "1 + 1 = 2\n#### 2"}
     path.write_text(json.dumps(good) + "\n\n" + json.dumps(row) + "\n")
-    with pytest.raises(ValueError, match=message) as error:
+    with pytest.raises(UserError, match=message) as error:
         GSM8KEnvironment().load(path)
     assert f"{path}, line 3" in str(error.value)
 
@@ -106,8 +107,8 @@ def test_load_errors_name_file_line_and_field(tmp_path, row, message):
 def test_load_rejects_broken_json_and_empty_file(tmp_path):
     path = tmp_path / "bad.jsonl"
     path.write_text('{"question": "q", "answer": "#### 1"}\n{"question": \n')
-    with pytest.raises(ValueError, match="line 2: not valid JSON"):
+    with pytest.raises(UserError, match="line 2: not valid JSON"):
         GSM8KEnvironment().load(path)
     path.write_text("\n")
-    with pytest.raises(ValueError, match="no rows"):
+    with pytest.raises(UserError, match="has no rows"):
         GSM8KEnvironment().load(path)

@@ -1,0 +1,512 @@
+"""GRPO (Group Relative Policy Optimization) on GSM8K, one readable loop.
+
+Every step:
+  1. take a batch of prompts (``--prompts_per_step``, shared out over the learners);
+  2. sample ``--num_generations`` completions per prompt (a group) with the current policy;
+  3. score them with the environment (reward 1 for the right final number, plus
+     ``--format_reward_weight`` x format reward);
+  4. advantage of a completion = its reward minus its group's mean reward (divided by the group's
+     reward std with ``--scale_rewards group``): the group is the baseline, no value model;
+  5. ``--num_iterations`` optimizer updates on these rollouts, each over micro-batches of
+     ``--micro_batch_size`` completions (gradient accumulation), with the clipped policy-ratio
+     objective of PPO (``--epsilon``, ``--epsilon_high``), an optional KL penalty to the frozen
+     starting model (``--beta``, k3 estimator) and the chosen loss aggregation (``--loss_type``).
+
+The loop knows nothing about GSM8K: ``train(args, env, learners)`` takes any environment (see
+``environments/__init__.py``); ``code_rl.py`` runs the same loop with a code judge.
+
+Run by hand (CPU, tiny model):
+    SM_CHANNEL_TRAIN=data/gsm8k python grpo.py --model_name_or_path /path/to/model --max_steps 10
+On SageMaker the toolkit passes hyperparameters as ``--key value`` and data as channel ``train``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import math
+import os
+import time
+
+import torch
+from common import checkpoints, contract, data, distributed, metrics, models
+from common.contract import UserError
+from environments import Environment
+
+log = logging.getLogger("grpo")
+
+
+# --------------------------------------------------------------------------- options
+
+
+def add_grpo_arguments(parser: argparse.ArgumentParser) -> None:
+    """The GRPO options (also used by ``code_rl.py``)."""
+    group = parser.add_argument_group("GRPO")
+    group.add_argument("--num_generations", type=int, default=8,
+                       help="completions sampled per prompt (the group size G) (default: %(default)s)")
+    group.add_argument("--prompts_per_step", type=int, default=16,
+                       help="prompts per step over all learners; must divide by the number of learners "
+                            "(default: %(default)s)")
+    group.add_argument("--micro_batch_size", type=int, default=8,
+                       help="completions per forward/backward pass on one learner; the step's completions are "
+                            "accumulated in micro-batches of this size (default: %(default)s)")
+    group.add_argument("--max_new_tokens", type=int, default=256,
+                       help="longest completion in tokens; also the constant of --loss_type dr_grpo (default: %(default)s)")
+    group.add_argument("--temperature", type=float, default=1.0, help="sampling temperature (default: %(default)s)")
+    group.add_argument("--num_iterations", type=int, default=1,
+                       help="optimizer updates per batch of rollouts (the mu of the GRPO paper); old log-probs "
+                            "are computed once per batch (default: %(default)s)")
+    group.add_argument("--epsilon", type=float, default=0.2,
+                       help="clip the policy ratio below at 1 - epsilon (default: %(default)s)")
+    group.add_argument("--epsilon_high", type=float, default=None,
+                       help="clip the policy ratio above at 1 + epsilon_high (DAPO's clip-higher suggests 0.28); "
+                            "default: same as --epsilon")
+    group.add_argument("--beta", type=float, default=0.0,
+                       help="weight of the KL penalty to the frozen starting model (k3 estimator); 0 = no "
+                            "reference model is loaded (default: %(default)s)")
+    group.add_argument("--loss_type", choices=["grpo", "dr_grpo", "dapo"], default="dapo",
+                       help="how token losses are averaged: grpo = per sequence, then over sequences; dr_grpo = "
+                            "sum / (sequences x --max_new_tokens); dapo = over all tokens of the step "
+                            "(default: %(default)s)")
+    group.add_argument("--scale_rewards", choices=["group", "none"], default="group",
+                       help="group: divide advantages by the group's reward std; none: only subtract the group "
+                            "mean (Dr. GRPO) (default: %(default)s)")
+    group.add_argument("--format_reward_weight", type=float, default=0.0,
+                       help="weight of the environment's format reward added to the reward (default: %(default)s)")
+    group.add_argument("--lr_scheduler", choices=["cosine", "constant"], default="constant",
+                       help="learning-rate schedule after warm-up (default: %(default)s)")
+    group.add_argument("--warmup_steps", type=int, default=0, help="steps of linear warm-up (default: %(default)s)")
+    group.add_argument("--weight_decay", type=float, default=0.0, help="AdamW weight decay (default: %(default)s)")
+    group.add_argument("--max_grad_norm", type=float, default=1.0,
+                       help="clip the gradient norm to this; 0 = no clipping (default: %(default)s)")
+    group.add_argument("--generation_backend", choices=["hf", "vllm"], default="hf",
+                       help="hf: transformers generate; vllm: a vLLM engine on the same GPU when vllm is installed "
+                            "(falls back to hf otherwise) (default: %(default)s)")
+    group.add_argument("--vllm_gpu_memory_utilization", type=float, default=0.3,
+                       help="share of GPU memory the vLLM engine may take (default: %(default)s)")
+
+
+def build_parser() -> contract.HyperparameterParser:
+    parser = contract.HyperparameterParser(description=__doc__, prog="grpo.py")
+    contract.add_common_arguments(parser, model="Qwen/Qwen2.5-0.5B-Instruct", learning_rate=1e-6, max_steps=200)
+    add_grpo_arguments(parser)
+    return parser
+
+
+def check_arguments(args, learners: distributed.Learners) -> None:
+    """Refuse combinations that cannot work, saying which option to change."""
+    if args.num_generations < 2:
+        raise UserError(f"--num_generations {args.num_generations}: GRPO needs at least 2 completions per prompt "
+                        "(the group is the baseline).")
+    if args.prompts_per_step % learners.world_size:
+        raise UserError(f"--prompts_per_step {args.prompts_per_step} must be a multiple of the number of learners "
+                        f"({learners.world_size}).")
+    completions = args.prompts_per_step // learners.world_size * args.num_generations
+    if completions % args.micro_batch_size:
+        raise UserError(f"--micro_batch_size {args.micro_batch_size} must divide the completions per learner and step "
+                        f"(--prompts_per_step / learners x --num_generations = {completions}).")
+    for name in ("max_steps", "max_new_tokens", "num_iterations", "micro_batch_size"):
+        if getattr(args, name) < 1:
+            raise UserError(f"--{name} must be at least 1, got {getattr(args, name)}.")
+    if args.temperature <= 0:
+        raise UserError(f"--temperature must be positive, got {args.temperature} (sampling is needed for exploration).")
+
+
+# --------------------------------------------------------------------------- GRPO maths
+
+
+def group_advantages(rewards: torch.Tensor, num_generations: int, scale_rewards: str) -> torch.Tensor:
+    """Advantage of each completion relative to its group (rewards are ordered group by group).
+
+    A_i = r_i - mean(group)           (scale_rewards="none", Dr. GRPO)
+    A_i = (r_i - mean) / (std + 1e-4)  (scale_rewards="group", the GRPO paper; std with Bessel's correction)
+    """
+    grouped = rewards.view(-1, num_generations)
+    advantages = grouped - grouped.mean(dim=1, keepdim=True)
+    if scale_rewards == "group":
+        advantages = advantages / (grouped.std(dim=1, keepdim=True) + 1e-4)
+    return advantages.reshape(-1)
+
+
+def completion_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, num_completion_tokens: int,
+                        temperature: float) -> torch.Tensor:
+    """log p(token) of the last ``num_completion_tokens`` tokens of each row, at the sampling temperature.
+
+    Only the logits of the completion positions are computed (``logits_to_keep``); log-softmax goes
+    row by row in fp32 so a (tokens x vocabulary) fp32 copy exists for one sequence at a time.
+    """
+    logits = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False,
+                   logits_to_keep=num_completion_tokens + 1).logits
+    logits = logits[:, :-1]  # the logit at position t predicts token t + 1
+    targets = input_ids[:, -num_completion_tokens:]
+    rows = []
+    for row_logits, row_targets in zip(logits, targets, strict=True):
+        row_logits = row_logits.float() / temperature
+        picked = row_logits.gather(-1, row_targets.unsqueeze(-1)).squeeze(-1)
+        rows.append(picked - torch.logsumexp(row_logits, dim=-1))
+    return torch.stack(rows)
+
+
+def grpo_loss(logprobs, old_logprobs, ref_logprobs, advantages, mask, *, loss_type: str, epsilon: float,
+              epsilon_high: float, beta: float, max_new_tokens: int, num_micro_batches: int,
+              tokens_per_learner: float) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """The loss of one micro-batch, scaled so that summing it over the micro-batches of an update
+    gives the update's loss. Shapes: (sequences, tokens) except ``advantages`` (sequences,).
+
+    per token:  -min(ratio * A, clip(ratio, 1 - epsilon, 1 + epsilon_high) * A) + beta * KL_k3
+    with ratio = exp(logp - logp_old) and KL_k3 = exp(logp_ref - logp) - (logp_ref - logp) - 1.
+    aggregation (``loss_type``):
+      grpo     mean over each sequence's tokens, then over sequences (length-biased)
+      dr_grpo  sum over tokens / (sequences x max_new_tokens)
+      dapo     sum over tokens / tokens of the whole update (``tokens_per_learner``: the update's
+               token count over all learners divided by their number, as gradients are averaged)
+    """
+    ratio = torch.exp(logprobs - old_logprobs)
+    clipped_ratio = torch.clamp(ratio, 1 - epsilon, 1 + epsilon_high)
+    advantages = advantages.unsqueeze(1)
+    per_token_loss = -torch.min(ratio * advantages, clipped_ratio * advantages)
+    kl = None
+    if beta != 0.0:
+        log_ratio_ref = ref_logprobs - logprobs
+        kl = torch.exp(log_ratio_ref) - log_ratio_ref - 1
+        per_token_loss = per_token_loss + beta * kl
+
+    if loss_type == "grpo":
+        loss = ((per_token_loss * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)).mean() / num_micro_batches
+    elif loss_type == "dr_grpo":
+        loss = (per_token_loss * mask).sum() / (per_token_loss.size(0) * max_new_tokens) / num_micro_batches
+    elif loss_type == "dapo":
+        loss = (per_token_loss * mask).sum() / max(tokens_per_learner, 1.0)
+    else:
+        raise ValueError(f"unknown loss_type {loss_type!r}")
+
+    with torch.no_grad():  # for the metric lines: token sums, averaged over the step later
+        clipped = ((ratio < 1 - epsilon) & (advantages < 0)) | ((ratio > 1 + epsilon_high) & (advantages > 0))
+        stats = {"clipped_tokens": (clipped.float() * mask).sum(),
+                 "kl_sum": (kl * mask).sum() if kl is not None else torch.zeros(())}
+    return loss, stats
+
+
+# --------------------------------------------------------------------------- generation
+
+
+class HFGenerator:
+    """Sampling with transformers' ``generate``: KV cache, every group of the step in one batched call,
+    prompts padded on the left so all completions start at the same column."""
+
+    def __init__(self, model, tokenizer, max_new_tokens: int, temperature: float, learners: distributed.Learners):
+        self.model = model
+        self.tokenizer = tokenizer
+        self.max_new_tokens = max_new_tokens
+        self.temperature = temperature
+        self.learners = learners
+        eos = model.generation_config.eos_token_id
+        eos = eos if isinstance(eos, list) else [eos] if eos is not None else []
+        self.stop_ids = sorted(set(eos) | {tokenizer.eos_token_id})
+
+    def _generation_config(self, greedy: bool):
+        from transformers import GenerationConfig
+
+        # Plain sampling from softmax(logits / temperature): the log-probs the loss computes must be
+        # those of the distribution sampled from, so no top-k/top-p/repetition penalty from the model card.
+        settings = dict(max_new_tokens=self.max_new_tokens, eos_token_id=self.stop_ids,
+                        pad_token_id=self.tokenizer.pad_token_id, top_k=0, top_p=1.0, repetition_penalty=1.0)
+        if greedy:
+            settings.update(do_sample=False)
+        else:
+            settings.update(do_sample=True, temperature=self.temperature)
+        return GenerationConfig(**settings)
+
+    @torch.no_grad()
+    def generate(self, prompts_token_ids: list[list[int]], num_generations: int = 1,
+                 greedy: bool = False) -> tuple[list[list[int]], list[str]]:
+        """``num_generations`` completions per prompt, ordered prompt by prompt: token ids (ending with
+        the stop token when the model stopped) and decoded text."""
+        rows = [ids for ids in prompts_token_ids for _ in range(num_generations)]
+        width = max(len(ids) for ids in rows)
+        pad = self.tokenizer.pad_token_id
+        input_ids = torch.tensor([[pad] * (width - len(ids)) + ids for ids in rows], device=self.learners.device)
+        attention_mask = torch.tensor([[0] * (width - len(ids)) + [1] * len(ids) for ids in rows],
+                                      device=self.learners.device)
+        model = distributed.unwrap(self.model)
+        was_training = model.training
+        model.eval()
+        # generate() fills unset options from model.generation_config (how differs between transformers
+        # 4.x and 5.x); swapping it in for the call makes the sampling settings exactly ours in both.
+        saved_config = model.generation_config
+        model.generation_config = self._generation_config(greedy)
+        try:
+            with distributed.autocast(self.learners):
+                output = model.generate(input_ids=input_ids, attention_mask=attention_mask)
+        finally:
+            model.generation_config = saved_config
+            model.train(was_training)
+        completions = []
+        for row in output[:, width:].tolist():
+            stop = next((i for i, token in enumerate(row) if token in self.stop_ids), None)
+            completions.append(row if stop is None else row[:stop + 1])  # keep the stop token: the model learns to stop
+        texts = self.tokenizer.batch_decode(completions, skip_special_tokens=True)
+        return completions, texts
+
+    def sync_weights(self, model) -> None:
+        """Nothing to copy: generate() runs on the training model itself."""
+
+
+class VLLMGenerator:
+    """Sampling with a vLLM engine on the learner's own GPU (much faster for long completions).
+
+    Used only with ``--generation_backend vllm`` when ``vllm`` imports. The engine keeps its own copy of
+    the weights, so ``sync_weights`` copies the policy into it after every optimizer update.
+    """
+
+    def __init__(self, model_path: str, tokenizer, max_new_tokens: int, temperature: float,
+                 learners: distributed.Learners, gpu_memory_utilization: float, seed: int, max_model_len: int):
+        # Keep the engine in this process so its model is reachable for load_weights.
+        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+        from vllm import LLM
+
+        options = {}
+        if learners.world_size > 1:  # one engine per learner, started inside torchrun's processes
+            options["distributed_executor_backend"] = "external_launcher"
+        self.llm = LLM(model=model_path, dtype="bfloat16", gpu_memory_utilization=gpu_memory_utilization,
+                       seed=seed + learners.rank, max_model_len=max_model_len, enable_prefix_caching=True, **options)
+        self.tokenizer = tokenizer
+        self.max_new_tokens = max_new_tokens
+        self.temperature = temperature
+
+    def generate(self, prompts_token_ids: list[list[int]], num_generations: int = 1,
+                 greedy: bool = False) -> tuple[list[list[int]], list[str]]:
+        from vllm import SamplingParams
+
+        params = SamplingParams(n=num_generations, temperature=0.0 if greedy else self.temperature, top_p=1.0,
+                                max_tokens=self.max_new_tokens)
+        outputs = self.llm.generate([{"prompt_token_ids": ids} for ids in prompts_token_ids], params, use_tqdm=False)
+        samples = [sample for output in outputs for sample in output.outputs]
+        return [list(sample.token_ids) for sample in samples], [sample.text for sample in samples]
+
+    @torch.no_grad()
+    def sync_weights(self, model) -> None:
+        engine_model = self.llm.llm_engine.model_executor.driver_worker.model_runner.model
+        for name, tensor in distributed.unwrap(model).state_dict().items():
+            if hasattr(tensor, "full_tensor"):  # FSDP2 shard: every learner gathers, in the same order
+                tensor = tensor.full_tensor()
+            engine_model.load_weights([(name, tensor.to(torch.bfloat16))])
+        self.llm.reset_prefix_cache()
+
+
+def make_generator(args, model, tokenizer, model_path: str, learners: distributed.Learners):
+    if args.generation_backend == "vllm":
+        try:
+            import vllm  # noqa: F401
+        except ImportError:
+            log.warning("--generation_backend vllm: vllm is not installed here, generating with transformers instead")
+        else:
+            return VLLMGenerator(model_path, tokenizer, args.max_new_tokens, args.temperature, learners,
+                                 args.vllm_gpu_memory_utilization, args.seed,
+                                 max_model_len=getattr(model.config, "max_position_embeddings", 4096))
+    return HFGenerator(model, tokenizer, args.max_new_tokens, args.temperature, learners)
+
+
+def prompt_token_ids(env: Environment, tokenizer, example: dict) -> list[int]:
+    """The example's chat messages rendered with the chat template, ready for the assistant's answer."""
+    text = tokenizer.apply_chat_template(env.prompt_messages(example), tokenize=False, add_generation_prompt=True)
+    return tokenizer(text, add_special_tokens=False)["input_ids"]
+
+
+def pad_rows(rows: list[list[int]], value: int, left: bool, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """A (rows, longest) tensor padded with ``value`` on the left or right, and its 0/1 mask."""
+    width = max(len(row) for row in rows)
+    ids, mask = [], []
+    for row in rows:
+        padding = [value] * (width - len(row))
+        ids.append(padding + row if left else row + padding)
+        mask.append([0] * len(padding) + [1] * len(row) if left else [1] * len(row) + [0] * len(padding))
+    return torch.tensor(ids, device=device), torch.tensor(mask, device=device)
+
+
+# --------------------------------------------------------------------------- the loop
+
+
+def train(args, env: Environment, learners: distributed.Learners) -> bool:
+    """Train with GRPO on ``env``'s training data (channel ``train``) and save the model.
+
+    ``learners`` are the processes that train together; every collective goes through it, so a
+    caller may run this on one process of a larger job. Returns False if stopped by SIGTERM (a
+    checkpoint was saved and the run resumes from it), True when training finished.
+    """
+    check_arguments(args, learners)
+    epsilon_high = args.epsilon if args.epsilon_high is None else args.epsilon_high
+    torch.manual_seed(args.seed + learners.rank)  # learners sample different completions
+
+    # ---- model, reference model, optimizer, schedule
+    model_path = models.resolve_model_path(args.model_name_or_path)
+    tokenizer = models.load_tokenizer(model_path)
+    policy = models.load_model(model_path, learners.device, trainable=True)
+    reference = models.load_model(model_path, learners.device, trainable=False) if args.beta != 0.0 else None
+    model = distributed.wrap_model(policy, learners, args.strategy)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=args.learning_rate, weight_decay=args.weight_decay)
+    from transformers import get_constant_schedule_with_warmup, get_cosine_schedule_with_warmup
+
+    total_updates = args.max_steps * args.num_iterations
+    warmup_updates = args.warmup_steps * args.num_iterations
+    if args.lr_scheduler == "cosine":
+        scheduler = get_cosine_schedule_with_warmup(optimizer, warmup_updates, total_updates)
+    else:
+        scheduler = get_constant_schedule_with_warmup(optimizer, warmup_updates)
+
+    # ---- data, in a reproducible order that survives restarts
+    examples = env.load(contract.channel_file("train", "train.jsonl"))
+    prompts = [prompt_token_ids(env, tokenizer, example) for example in examples]
+    batch_order = data.BatchOrder(len(examples), args.prompts_per_step, args.seed)
+    prompts_per_learner = args.prompts_per_step // learners.world_size
+
+    # ---- resume after a spot interruption: weights, optimizer, schedule, RNG and data position
+    checkpointer = checkpoints.Checkpointer(args.checkpoint_dir or contract.default_checkpoint_dir(), learners,
+                                            keep=args.keep_checkpoints)
+    resumed = checkpointer.load_latest(model, optimizer, scheduler)
+    start_step = 0
+    if resumed is not None:
+        start_step = resumed["step"]
+        batch_order.load_state_dict(resumed["extra"]["batch_order"])
+    generator = make_generator(args, policy, tokenizer, model_path, learners)
+    if resumed is not None:
+        generator.sync_weights(model)
+    logger = metrics.MetricLogger(contract.output_data_dir() / "metrics.jsonl", learners, args.max_steps, start_step)
+    sigterm = checkpoints.SigtermFlag()
+    log.info("GRPO: %d examples, %d prompts x %d completions per step, %d learner(s), steps %d..%d",
+             len(examples), args.prompts_per_step, args.num_generations, learners.world_size, start_step + 1,
+             args.max_steps)
+
+    for step in range(start_step + 1, args.max_steps + 1):
+        # ---- 1. this learner's prompts
+        indices = batch_order.next()[learners.rank * prompts_per_learner:(learners.rank + 1) * prompts_per_learner]
+
+        # ---- 2. a group of completions per prompt
+        started = time.perf_counter()
+        completion_ids, completion_texts = generator.generate([prompts[i] for i in indices], args.num_generations)
+        gen_time = time.perf_counter() - started
+
+        # ---- 3. rewards from the environment
+        started = time.perf_counter()
+        group_examples = [examples[i] for i in indices for _ in range(args.num_generations)]
+        scores = env.score(group_examples, completion_texts)
+        rewards = torch.tensor([s["reward"] + args.format_reward_weight * s.get("format_reward", 0.0)
+                                for s in scores], dtype=torch.float32, device=learners.device)
+        reward_time = time.perf_counter() - started
+
+        # ---- 4. group-relative advantages (a group never spans learners)
+        advantages = group_advantages(rewards, args.num_generations, args.scale_rewards)
+
+        # ---- 5. the policy update
+        started = time.perf_counter()
+        prompt_rows = [prompts[i] for i in indices for _ in range(args.num_generations)]
+        prompt_ids, prompt_mask = pad_rows(prompt_rows, tokenizer.pad_token_id, left=True, device=learners.device)
+        completion_tensor, completion_mask = pad_rows(completion_ids, tokenizer.pad_token_id, left=False,
+                                                      device=learners.device)
+        input_ids = torch.cat([prompt_ids, completion_tensor], dim=1)
+        attention_mask = torch.cat([prompt_mask, completion_mask], dim=1)
+        mask = completion_mask.float()
+        num_tokens = completion_tensor.size(1)
+        micro_batches = [slice(i, i + args.micro_batch_size) for i in range(0, len(completion_ids), args.micro_batch_size)]
+        # dapo divides by the update's token count over all learners (gradients are then averaged over them)
+        tokens_per_learner = float(distributed.all_reduce_sum(mask.sum(), learners)) / learners.world_size
+
+        # Log-probs before any update (the "old" policy of the ratio) and of the reference model, computed once.
+        old_logprobs = ref_logprobs = None
+        with torch.no_grad(), distributed.autocast(learners):
+            if args.num_iterations > 1:
+                old_logprobs = torch.cat([completion_logprobs(model, input_ids[mb], attention_mask[mb], num_tokens,
+                                                              args.temperature) for mb in micro_batches])
+            if reference is not None:
+                ref_logprobs = torch.cat([completion_logprobs(reference, input_ids[mb], attention_mask[mb], num_tokens,
+                                                              args.temperature) for mb in micro_batches])
+
+        model.train()
+        loss_sum = clipped_tokens = kl_sum = grad_norm_sum = 0.0
+        for _ in range(args.num_iterations):
+            for index, mb in enumerate(micro_batches):
+                last = index == len(micro_batches) - 1
+                with distributed.gradient_sync(model, enabled=last), distributed.autocast(learners):
+                    logprobs = completion_logprobs(model, input_ids[mb], attention_mask[mb], num_tokens, args.temperature)
+                    # With one update per batch the old policy is the current one: ratio = 1, gradient unchanged.
+                    old = logprobs.detach() if old_logprobs is None else old_logprobs[mb]
+                    loss, stats = grpo_loss(
+                        logprobs, old, None if ref_logprobs is None else ref_logprobs[mb], advantages[mb], mask[mb],
+                        loss_type=args.loss_type, epsilon=args.epsilon, epsilon_high=epsilon_high, beta=args.beta,
+                        max_new_tokens=args.max_new_tokens, num_micro_batches=len(micro_batches),
+                        tokens_per_learner=tokens_per_learner)
+                    loss.backward()
+                loss_sum += loss.item()
+                clipped_tokens += stats["clipped_tokens"].item()
+                kl_sum += stats["kl_sum"].item()
+            grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(),
+                                                       args.max_grad_norm if args.max_grad_norm > 0 else float("inf"))
+            grad_norm_sum += float(grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm)
+            optimizer.step()
+            scheduler.step()
+            optimizer.zero_grad(set_to_none=True)
+        generator.sync_weights(model)
+        train_time = time.perf_counter() - started
+
+        # ---- 6. metrics: sums over learners, then means
+        correct = [float(s["correct"]) for s in scores if "correct" in s]
+        formats = [float(s["format_reward"]) for s in scores if "format_reward" in s]
+        zero_std_groups = (rewards.view(-1, args.num_generations).std(dim=1) == 0).sum().item()
+        totals = distributed.all_reduce_sum(torch.tensor([
+            len(scores), rewards.sum().item(), (rewards ** 2).sum().item(), len(correct), sum(correct),
+            len(formats), sum(formats), mask.sum().item(), len(indices), zero_std_groups,
+            loss_sum / args.num_iterations, clipped_tokens, kl_sum, grad_norm_sum / args.num_iterations,
+            gen_time, reward_time, train_time,
+        ], dtype=torch.float64), learners).tolist()
+        (n, reward_total, reward_squares, n_correct, correct_total, n_format, format_total, token_total, n_groups,
+         zero_std_total, loss_total, clipped_total, kl_total, grad_norm_total, gen_total, reward_time_total,
+         train_total) = totals
+        reward_mean = reward_total / n
+        line = {"reward": reward_mean,
+                "reward_std": math.sqrt(max(reward_squares / n - reward_mean ** 2, 0.0) * n / max(n - 1, 1))}
+        if n_correct:
+            line["accuracy"] = correct_total / n_correct
+        if n_format:
+            line["format_reward"] = format_total / n_format
+        updated_tokens = token_total * args.num_iterations
+        if args.beta != 0.0:
+            line["kl"] = kl_total / updated_tokens
+        line.update({
+            "clip_ratio": clipped_total / updated_tokens,
+            "completion_length": token_total / n,
+            "frac_reward_zero_std": zero_std_total / n_groups,
+            "loss": loss_total / learners.world_size,
+            "grad_norm": grad_norm_total / learners.world_size,
+            "lr": scheduler.get_last_lr()[0],
+            "gen_time": gen_total / learners.world_size,
+            "reward_time": reward_time_total / learners.world_size,
+            "train_time": train_total / learners.world_size,
+        })
+        if step % args.log_every == 0 or step == args.max_steps:
+            logger.log(step, line, tokens=int(token_total))
+
+        # ---- 7. checkpoints; on SIGTERM save and stop (the restarted job resumes here)
+        stop = sigterm.should_stop(learners)
+        if stop or (args.checkpoint_every and step % args.checkpoint_every == 0):
+            checkpointer.save(step, model, optimizer, scheduler, extra={"batch_order": batch_order.state_dict()})
+        if stop:
+            log.warning("stopped after step %d on SIGTERM; a restarted job resumes from the checkpoint", step)
+            return False
+
+    models.save_final_model(model, tokenizer, contract.model_dir(), learners)
+    return True
+
+
+def main() -> None:
+    from environments.gsm8k import GSM8KEnvironment
+
+    args = build_parser().parse()
+    learners = distributed.setup()
+    try:
+        train(args, GSM8KEnvironment(), learners)
+    finally:
+        distributed.teardown()
+
+
+if __name__ == "__main__":
+    contract.run_main(main)
