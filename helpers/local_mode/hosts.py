@@ -1,0 +1,161 @@
+"""One /opt/ml tree per host and the command that runs the real training toolkit on it.
+
+Two layouts, chosen once per process and said in the live log:
+
+* ``mount namespaces`` (root, ``unshare`` present: CI, containers, most Linux boxes as root).
+  Every host process gets its own mount and UTS namespace, its tree bind-mounted at the literal
+  ``/opt/ml``, a private ``/etc/hosts`` where ``algo-1..algo-N`` resolve to 127.0.0.1, and the
+  hostname ``algo-i``. The machine's own ``/etc/hosts`` is never written; an empty ``/opt/ml``
+  mount point is created when missing.
+* ``loopback addresses`` (everything else: laptops, Studio). ``SAGEMAKER_BASE_DIR`` relocates
+  ``/opt/ml`` (the toolkit reads it) and the hosts are named by distinct loopback addresses
+  ``127.0.0.1..127.0.0.N`` in the resource config, so torchrun's ``--master_addr`` resolves
+  without touching name resolution. ``SM_CURRENT_HOST`` then reads ``127.0.0.i`` instead of
+  ``algo-i``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from functools import cache
+from pathlib import Path
+
+NAMESPACES = "mount namespaces"
+LOOPBACK = "loopback addresses"
+
+# Runs inside the new namespaces: private /etc/hosts, the host tree at /opt/ml, hostname algo-i,
+# then the container's own entry point (`train` is sagemaker_training.cli.train).
+_IN_NAMESPACE = (
+    'mount --bind "$1" /etc/hosts && mount --bind "$2" /opt/ml && hostname "$3" '
+    '&& exec "$4" -m sagemaker_training.cli.train'
+)
+
+
+@cache
+def isolation() -> str:
+    if os.environ.get("SAGEMAKER_LOCAL_NO_NAMESPACES") == "1" or os.geteuid() != 0 or not shutil.which("unshare"):
+        return LOOPBACK
+    try:
+        os.makedirs("/opt/ml", exist_ok=True)
+        probe = subprocess.run(
+            ["unshare", "--mount", "--uts", "--propagation", "private", "true"], capture_output=True, timeout=10
+        )
+    except (OSError, subprocess.SubprocessError):
+        return LOOPBACK
+    return NAMESPACES if probe.returncode == 0 else LOOPBACK
+
+
+@dataclass
+class Host:
+    name: str  # algo-i: log stream names and messages
+    address: str  # what the toolkit sees as the host name (algo-i, or 127.0.0.i in LOOPBACK)
+    tree: Path  # this host's /opt/ml
+    checkpoints: Path | None = None  # the real folder behind CheckpointConfig.LocalPath
+    synced: dict = field(default_factory=dict)  # checkpoint file -> (size, mtime) last uploaded
+
+    @property
+    def base_dir(self) -> str:
+        """Where the host's processes see the tree."""
+        return "/opt/ml" if isolation() == NAMESPACES else str(self.tree)
+
+    def path(self, opt_ml_path: str) -> Path:
+        """The real location of a path the container sees under /opt/ml."""
+        return self.tree / os.path.relpath(opt_ml_path, "/opt/ml")
+
+
+def make_hosts(run_dir: Path, count: int) -> list[Host]:
+    mode = isolation()
+    hosts = []
+    for i in range(1, count + 1):
+        address = f"algo-{i}" if mode == NAMESPACES else f"127.0.0.{i}"
+        hosts.append(Host(f"algo-{i}", address, run_dir / f"algo-{i}" / "opt" / "ml"))
+    if mode == NAMESPACES:
+        system_hosts = Path("/etc/hosts").read_text() if Path("/etc/hosts").exists() else ""
+        names = " ".join(h.name for h in hosts)
+        (run_dir / "etc_hosts").write_text(f"127.0.0.1 localhost {names}\n{system_hosts}")
+    return hosts
+
+
+def write_config(host: Host, hosts: list[Host], request: dict, hyperparameters: dict) -> None:
+    """input/config/*.json exactly as SageMaker writes them (network interface: loopback)."""
+    config = host.tree / "input" / "config"
+    config.mkdir(parents=True, exist_ok=True)
+    instance_type = request["ResourceConfig"]["InstanceType"]
+    addresses = [h.address for h in hosts]
+    resource = {
+        "current_host": host.address,
+        "current_instance_type": instance_type,
+        "current_group_name": "homogeneousCluster",
+        "hosts": addresses,
+        "instance_groups": [
+            {"instance_group_name": "homogeneousCluster", "instance_type": instance_type, "hosts": addresses}
+        ],
+        "network_interface_name": "lo",
+    }
+    channels = {
+        c["ChannelName"]: {
+            "TrainingInputMode": c.get("InputMode", request["AlgorithmSpecification"].get("TrainingInputMode", "File")),
+            "S3DistributionType": c["DataSource"]["S3DataSource"].get("S3DistributionType", "FullyReplicated"),
+            "RecordWrapperType": c.get("RecordWrapperType", "None"),
+            **({"ContentType": c["ContentType"]} if "ContentType" in c else {}),
+        }
+        for c in request.get("InputDataConfig", [])
+    }
+    (config / "hyperparameters.json").write_text(json.dumps(hyperparameters))
+    (config / "resourceconfig.json").write_text(json.dumps(resource))
+    (config / "inputdataconfig.json").write_text(json.dumps(channels))
+    for sub in ("model", "output/data", "code", "input/data"):
+        (host.tree / sub).mkdir(parents=True, exist_ok=True)
+
+
+def host_command(host: Host, run_dir: Path) -> list[str]:
+    python = sys.executable
+    if isolation() == NAMESPACES:
+        return [
+            "unshare", "--mount", "--uts", "--propagation", "private", "--",
+            "/bin/sh", "-c", _IN_NAMESPACE, "sh", str(run_dir / "etc_hosts"), str(host.tree), host.name, python,
+        ]  # fmt: skip
+    return [python, "-m", "sagemaker_training.cli.train"]
+
+
+def host_environment(host: Host, job: dict, region: str, training_module: str | None) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SM_", "AWS_", "SAGEMAKER_"))}
+    env.update(job.get("Environment", {}))
+    env.update(
+        {
+            # torchrun and the venv's python first on PATH, as in the training image.
+            "PATH": os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""),
+            "PYTHONUNBUFFERED": "1",
+            "TRAINING_JOB_NAME": job["TrainingJobName"],
+            "TRAINING_JOB_ARN": job["TrainingJobArn"],
+            "AWS_REGION": region,
+            # The toolkit otherwise waits up to 15 minutes for the hosts' DNS names.
+            "SM_STUDIO_LOCAL_MODE": "true",
+            # Gloo (CPU) and NCCL talk over loopback: all hosts are on this machine.
+            "GLOO_SOCKET_IFNAME": "lo",
+        }
+    )
+    if training_module:
+        env["SAGEMAKER_TRAINING_MODULE"] = training_module
+    if isolation() != NAMESPACES:
+        env["SAGEMAKER_BASE_DIR"] = str(host.tree)
+    return env
+
+
+def link_or_copy_tree(src: Path, dst: Path) -> None:
+    """Hard-link a downloaded channel into a host's tree (copy when links are not possible)."""
+    for path in src.rglob("*"):
+        target = dst / path.relative_to(src)
+        if path.is_dir():
+            target.mkdir(parents=True, exist_ok=True)
+            continue
+        target.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            os.link(path, target)
+        except OSError:
+            shutil.copy2(path, target)

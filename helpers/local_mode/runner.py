@@ -1,0 +1,558 @@
+"""A training job's life in local mode: from CreateTrainingJob to Completed, Failed or Stopped.
+
+One thread per job in the process that created it. The thread lays out one /opt/ml tree per host,
+starts the real toolkit once per host, pumps every host's output into CloudWatch Logs (moto) and
+to disk, applies ``MetricDefinitions`` to each line, syncs checkpoints, and watches the hosts:
+the first host that exits non-zero fails the job and the others are stopped (SIGTERM, then
+SIGKILL after a grace period), so a job never waits on a peer that died.
+
+One local job runs at a time on a machine: the toolkit fixes torchrun's port at 7777, so two
+jobs at once would collide. A machine-wide lock file serializes them (a waiting job shows
+``Starting``), which is simpler and more robust than giving each job its own network namespace.
+
+Billing: ``BillableTimeInSeconds`` equals the training time, except for managed spot jobs where a
+nominal ``NOMINAL_SPOT_DISCOUNT`` is applied. Spot savings shown by local mode are simulated.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import io
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import tarfile
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import psutil
+
+from . import hosts as hostlib
+from .requirements_check import missing_requirements
+
+# SageMaker bills managed spot capacity at a discount that varies by instance type and over time
+# (up to 90%). Local mode has no spot market: it applies this nominal 70% so that the "savings"
+# line reads like SageMaker's; every figure derived from it is simulated.
+NOMINAL_SPOT_DISCOUNT = 0.70
+STOP_GRACE_SECONDS = 10  # SIGTERM -> SIGKILL on stop, spot interruption, limits
+PEER_GRACE_SECONDS = 5  # SIGTERM -> SIGKILL for the hosts left after one failed
+CHECKPOINT_SYNC_SECONDS = 5
+PYTORCH_TRAINING_MODULE = "sagemaker_pytorch_container.training:main"
+STEP_LINE = re.compile(r"\bstep=(\d+)")
+
+# Jobs run by this process, by name (StopTrainingJob, simulate_spot_interruption).
+RUNNING: dict[str, TrainingJob] = {}
+
+
+def training_module_for(image: str) -> str | None:
+    """The framework module the image's SAGEMAKER_TRAINING_MODULE names.
+
+    PyTorch and Hugging Face DLCs run ``sagemaker_pytorch_container.training:main`` (torchrun,
+    DDP, ...). Any other image runs in plain script mode: the toolkit starts ``sagemaker_program``
+    with the environment's Python, which is what script-mode framework images do too.
+    """
+    name = image.rsplit("/", 1)[-1]
+    if "pytorch" in name or "huggingface" in name:
+        return PYTORCH_TRAINING_MODULE
+    return None
+
+
+class _Outcome(Exception):
+    def __init__(self, kind: str, reason: str = ""):
+        super().__init__(kind)
+        self.kind, self.reason = kind, reason
+
+
+class TrainingJob:
+    def __init__(self, aws, job: dict):
+        self.aws = aws  # helpers.local_mode.aws.LocalAWS
+        self.job = job  # the DescribeTrainingJob document, saved on every change
+        self.name = job["TrainingJobName"]
+        self.run_dir = aws.storage.run_dir(self.name)
+        self._stop = threading.Event()
+        self._spot_request: dict | None = None
+        self._interrupt = threading.Event()
+        self._streams: dict[str, str] = {}
+        self._logs_lock = threading.Lock()
+        self._final_metrics: dict[str, tuple[float, float]] = {}
+        self._training_started = 0.0
+        self._thread = threading.Thread(target=self._main, name=f"local-job-{self.name}", daemon=True)
+
+    # ---- control from the API ------------------------------------------------------------------
+    def start(self) -> None:
+        RUNNING[self.name] = self
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def request_spot_interruption(self, after_step: int | None, after_seconds: float | None) -> None:
+        self._spot_request = {"after_step": after_step, "after_seconds": after_seconds, "since": time.time()}
+
+    def join(self, timeout: float | None = None) -> None:
+        self._thread.join(timeout)
+
+    # ---- description ---------------------------------------------------------------------------
+    def _say(self, text: str) -> None:
+        self.aws.say(f"job {self.name}: {text}")
+
+    def _save(self) -> None:
+        self.job["LastModifiedTime"] = time.time()
+        self.aws.storage.save_job(self.job)
+
+    def _secondary(self, status: str, message: str, primary: str | None = None) -> None:
+        now = time.time()
+        transitions = self.job["SecondaryStatusTransitions"]
+        if transitions and "EndTime" not in transitions[-1]:
+            transitions[-1]["EndTime"] = now
+        transitions.append({"Status": status, "StartTime": now, "StatusMessage": message})
+        self.job["SecondaryStatus"] = status
+        if primary:
+            self.job["TrainingJobStatus"] = primary
+        if status in ("Completed", "Failed", "Stopped", "MaxRuntimeExceeded", "MaxWaitTimeExceeded"):
+            transitions[-1]["EndTime"] = now
+        self._save()
+
+    # ---- the job -------------------------------------------------------------------------------
+    def _main(self) -> None:
+        lock_file = None
+        try:
+            lock_file = self._acquire_machine_lock()
+            self._run()
+        except _Outcome as outcome:
+            self._finish(outcome.kind, outcome.reason)
+        except Exception as error:  # a bug or an environment problem: the job must still end
+            self._finish("Failed", f"ClientError: local mode could not run the job: {error!r}")
+        finally:
+            if lock_file is not None:
+                lock_file.close()
+            RUNNING.pop(self.name, None)
+
+    def _acquire_machine_lock(self):
+        lock_file = open(Path(tempfile.gettempdir()) / "sagemaker-local-mode.lock", "w")  # noqa: SIM115
+        said = False
+        while True:
+            try:
+                fcntl.flock(lock_file, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                return lock_file
+            except BlockingIOError:
+                if not said:
+                    self._say("waiting for the local job already running to finish (one at a time: port 7777)")
+                    said = True
+                if self._stop_requested():
+                    lock_file.close()
+                    raise _Outcome("Stopped") from None
+                time.sleep(0.2)
+
+    def _stop_requested(self) -> bool:
+        stop_file = self.aws.storage.stop_request_path(self.name)
+        if stop_file.exists():
+            stop_file.unlink(missing_ok=True)
+            self._stop.set()
+        if self._stop.is_set() and self.job["TrainingJobStatus"] == "InProgress":
+            self._secondary("Stopping", "Stopping the training job", primary="Stopping")
+        return self._stop.is_set()
+
+    def _run(self) -> None:
+        request = self.job
+        count = request["ResourceConfig"]["InstanceCount"]
+        self._secondary("Starting", "Preparing the instances for training")
+        if self._stop_requested():
+            raise _Outcome("Stopped")
+        hyperparameters = {k: json.loads(v) if _is_json(v) else v for k, v in request.get("HyperParameters", {}).items()}
+        module = training_module_for(request["AlgorithmSpecification"].get("TrainingImage", ""))
+        self._say(
+            f"{count} host{'s' if count > 1 else ''} ({hostlib.isolation()}), image -> "
+            f"{module or 'script mode (sagemaker_program with this Python)'}"
+        )
+        gpus = _gpu_count()
+        self._say(
+            f"{gpus} GPU(s) on this machine: SM_NUM_GPUS={gpus}, "
+            + (
+                f"{gpus} process(es) per host"
+                if gpus
+                else f"one process per host on CPU (a {request['ResourceConfig']['InstanceType']} has GPUs on SageMaker)"
+            )
+        )
+
+        self._secondary("Downloading", "Downloading input data")
+        self.job["TrainingStartTime"] = time.time()
+        cache = self.run_dir / "downloads"
+        if cache.exists():
+            shutil.rmtree(cache)
+        code_dir = self._download_code(hyperparameters, cache / "code")
+        channels = self._download_channels(cache / "channels", count)
+
+        attempt = 0
+        while True:
+            attempt += 1
+            hosts = self._lay_out_hosts(attempt, count, hyperparameters, code_dir, channels)
+            self._restore_checkpoints(hosts)
+            if attempt == 1:
+                self._secondary("Training", "Training image download completed. Training in progress.")
+            else:
+                self._secondary("Training", "Training resumed after the Spot interruption.")
+            outcome = self._train(hosts)
+            self._sync_checkpoints(hosts)
+            if outcome.kind != "Interrupted":
+                break
+            self._secondary("Interrupted", "Training job interrupted due to Spot interruption")
+            self._spot_request = None  # one simulated interruption per request
+            self._secondary("Restarting", "Restarting training job after Spot interruption")
+            self._say("restarting after the simulated Spot interruption, checkpoints restored")
+        self._upload_results(hosts, outcome)
+        raise outcome
+
+    def _finish(self, kind: str, reason: str = "") -> None:
+        now = time.time()
+        start = self.job.get("TrainingStartTime")
+        if start:
+            self.job["TrainingEndTime"] = now
+            seconds = max(1, int(round(now - start)))
+            self.job["TrainingTimeInSeconds"] = seconds
+            if self.job.get("EnableManagedSpotTraining"):
+                self.job["BillableTimeInSeconds"] = max(1, int(round(seconds * (1 - NOMINAL_SPOT_DISCOUNT))))
+            else:
+                self.job["BillableTimeInSeconds"] = seconds
+        if self._final_metrics:
+            self.job["FinalMetricDataList"] = [
+                {"MetricName": name, "Value": value, "Timestamp": t}
+                for name, (value, t) in sorted(self._final_metrics.items())
+            ]
+        if kind == "Completed":
+            self._secondary("Completed", "Training job completed", primary="Completed")
+        elif kind == "Failed":
+            self.job["FailureReason"] = reason[:1024]
+            self._secondary("Failed", "Training job failed", primary="Failed")
+        elif kind in ("MaxRuntimeExceeded", "MaxWaitTimeExceeded"):
+            message = {
+                "MaxRuntimeExceeded": "Job stopped because max run time was exceeded.",
+                "MaxWaitTimeExceeded": "Job stopped because max wait time was exceeded.",
+            }[kind]
+            self._secondary(kind, message, primary="Stopped")
+        else:
+            self._secondary("Stopped", "Training job stopped", primary="Stopped")
+        self._say(f"{self.job['TrainingJobStatus']} ({self.job['SecondaryStatus']})" + (f": {reason[:300]}" if reason else ""))
+
+    # ---- downloads and layout ------------------------------------------------------------------
+    def _download_code(self, hyperparameters: dict, target: Path) -> Path | None:
+        uri = hyperparameters.get("sagemaker_submit_directory")
+        if not uri:
+            return None
+        if not str(uri).startswith("s3://"):
+            raise _Outcome("Failed", f"ClientError: sagemaker_submit_directory must be an s3:// URI, got {uri!r}.")
+        bucket, key = _split_s3(uri)
+        body = self._get_object(bucket, key, what="source code (sagemaker_submit_directory)")
+        target.mkdir(parents=True)
+        with tarfile.open(fileobj=io.BytesIO(body), mode="r:gz") as tar:
+            tar.extractall(target, filter="data")
+        requirements = target / "requirements.txt"
+        if requirements.exists():
+            missing = missing_requirements(requirements.read_text())
+            if missing:
+                raise _Outcome(
+                    "Failed",
+                    "ClientError: local mode never installs packages, and requirements.txt in the source "
+                    f"directory asks for what this environment lacks: {', '.join(missing)}. Install them "
+                    f"into this Python environment (pip install {' '.join(repr(m) for m in missing)}) "
+                    "and run the job again.",
+                )
+            # Satisfied already; the toolkit would run `pip install -r requirements.txt` otherwise.
+            requirements.unlink()
+            self._say("requirements.txt satisfied by this environment (not installed again)")
+        return target
+
+    def _download_channels(self, target: Path, host_count: int) -> dict[str, list[Path]]:
+        """Every channel downloaded once; per host, the files that host gets (sharding)."""
+        channels = {}
+        config = self.job.get("InputDataConfig", [])
+        if config:
+            self._say(f"downloading {len(config)} channel(s): {', '.join(c['ChannelName'] for c in config)}")
+        for channel in config:
+            source = channel["DataSource"]["S3DataSource"]
+            bucket, prefix = _split_s3(source["S3Uri"])
+            keys = self.aws.list_keys(bucket, prefix)
+            if not keys:
+                raise _Outcome(
+                    "Failed",
+                    f"ClientError: Data download failed: no objects under {source['S3Uri']} for channel "
+                    f"'{channel['ChannelName']}'. Upload the data first (sagemaker_session.upload_data).",
+                )
+            folder = target / channel["ChannelName"]
+            for key in keys:
+                relative = key[len(prefix) :].lstrip("/") or key.rsplit("/", 1)[-1]
+                path = folder / relative
+                path.parent.mkdir(parents=True, exist_ok=True)
+                path.write_bytes(self._get_object(bucket, key, what=f"channel '{channel['ChannelName']}'"))
+            files = sorted(p for p in folder.rglob("*") if p.is_file())
+            if source.get("S3DistributionType") == "ShardedByS3Key":
+                channels[channel["ChannelName"]] = [folder, [files[i::host_count] for i in range(host_count)]]
+            else:
+                channels[channel["ChannelName"]] = [folder, None]
+        return channels
+
+    def _get_object(self, bucket: str, key: str, what: str) -> bytes:
+        try:
+            return self.aws.s3.get_object(Bucket=bucket, Key=key)["Body"].read()
+        except self.aws.s3.exceptions.ClientError as error:
+            raise _Outcome("Failed", f"ClientError: Data download failed for {what}: s3://{bucket}/{key}: {error}") from None
+
+    def _lay_out_hosts(self, attempt, count, hyperparameters, code_dir, channels) -> list[hostlib.Host]:
+        run_dir = self.run_dir / f"attempt-{attempt}"
+        if run_dir.exists():
+            shutil.rmtree(run_dir)
+        run_dir.mkdir(parents=True)
+        hosts = hostlib.make_hosts(run_dir, count)
+        for index, host in enumerate(hosts):
+            local_hyperparameters = dict(self.job.get("HyperParameters", {}))
+            if code_dir is not None:
+                # The toolkit cannot reach this process's S3: it gets the code already in place.
+                local_hyperparameters["sagemaker_submit_directory"] = json.dumps(f"{host.base_dir}/code")
+                shutil.copytree(code_dir, host.tree / "code")
+            hostlib.write_config(host, hosts, self.job, local_hyperparameters)
+            for name, (folder, shards) in channels.items():
+                destination = host.tree / "input" / "data" / name
+                if shards is None:
+                    hostlib.link_or_copy_tree(folder, destination)
+                else:
+                    for path in shards[index]:
+                        target = destination / path.relative_to(folder)
+                        target.parent.mkdir(parents=True, exist_ok=True)
+                        shutil.copy2(path, target)
+            host.checkpoints = host.path(self.job.get("CheckpointConfig", {}).get("LocalPath", "/opt/ml/checkpoints"))
+            host.checkpoints.mkdir(parents=True, exist_ok=True)
+        return hosts
+
+    # ---- checkpoints ---------------------------------------------------------------------------
+    def _checkpoint_prefix(self) -> tuple[str, str] | None:
+        uri = self.job.get("CheckpointConfig", {}).get("S3Uri")
+        if not uri:
+            return None
+        bucket, prefix = _split_s3(uri)
+        return bucket, prefix.rstrip("/") + "/" if prefix else ""
+
+    def _restore_checkpoints(self, hosts) -> None:
+        target = self._checkpoint_prefix()
+        if target is None:
+            return
+        bucket, prefix = target
+        keys = self.aws.list_keys(bucket, prefix)
+        for host in hosts:
+            for key in keys:
+                path = host.checkpoints / key[len(prefix) :]
+                path.parent.mkdir(parents=True, exist_ok=True)
+                path.write_bytes(self.aws.s3.get_object(Bucket=bucket, Key=key)["Body"].read())
+            host.synced = {p: _signature(p) for p in host.checkpoints.rglob("*") if p.is_file()}
+        if keys:
+            self._say(f"restored {len(keys)} checkpoint file(s) from s3://{bucket}/{prefix}")
+
+    def _sync_checkpoints(self, hosts) -> None:
+        target = self._checkpoint_prefix()
+        if target is None:
+            return
+        bucket, prefix = target
+        for host in hosts:
+            synced = host.synced
+            for path in sorted(p for p in host.checkpoints.rglob("*") if p.is_file()):
+                signature = _signature(path)
+                if synced.get(path) == signature:
+                    continue
+                try:
+                    body = path.read_bytes()
+                except OSError:
+                    continue  # removed while we looked: the script rotates checkpoints
+                key = prefix + path.relative_to(host.checkpoints).as_posix()
+                self.aws.s3.put_object(Bucket=bucket, Key=key, Body=body)
+                synced[path] = signature
+            host.synced = synced
+
+    # ---- the hosts -------------------------------------------------------------------------------
+    def _train(self, hosts) -> _Outcome:
+        processes, pumps, outcome = self._watch(hosts)
+        for pump in pumps:
+            pump.join(timeout=10)  # the last lines reach the logs before the job is reported done
+        return outcome
+
+    def _watch(self, hosts):
+        module = training_module_for(self.job["AlgorithmSpecification"].get("TrainingImage", ""))
+        processes, pumps = [], []
+        for host in hosts:
+            stream = self._streams.setdefault(host.name, f"{self.name}/{host.name}-{int(time.time())}")
+            self.aws.create_log_stream(stream)
+            process = subprocess.Popen(
+                hostlib.host_command(host, host.tree.parents[2]),
+                env=hostlib.host_environment(host, self.job, self.aws.region, module),
+                cwd=host.tree,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,  # its own process group: stopping reaches torchrun's workers
+            )
+            processes.append(process)
+            pumps.append(threading.Thread(target=self._pump, args=(process, stream), daemon=True))
+            pumps[-1].start()
+        self._training_started = time.time()
+        self._say(f"training on {len(hosts)} host(s): {', '.join(h.name for h in hosts)}")
+
+        stopping = self.job["StoppingCondition"]
+        runtime_deadline = self._training_started + stopping.get("MaxRuntimeInSeconds", 86400)
+        wait_deadline = self.job["CreationTime"] + stopping.get("MaxWaitTimeInSeconds", 10**9)
+        last_sync = time.time()
+        while True:
+            codes = [p.poll() for p in processes]
+            failed = [(h, c) for h, c in zip(hosts, codes, strict=True) if c not in (None, 0)]
+            if failed:
+                host, code = failed[0]
+                self._say(f"{host.name} exited with code {code}: stopping the other hosts")
+                _terminate(processes, PEER_GRACE_SECONDS)
+                return processes, pumps, _Outcome("Failed", _failure_reason(host, code))
+            if all(c == 0 for c in codes):
+                return processes, pumps, _Outcome("Completed")
+            reason = None
+            if self._stop_requested():
+                reason = _Outcome("Stopped")
+            elif self._spot_due():
+                self._say("simulated Spot interruption: SIGTERM to every host")
+                reason = _Outcome("Interrupted")
+            elif time.time() > runtime_deadline:
+                reason = _Outcome("MaxRuntimeExceeded")
+            elif self.job.get("EnableManagedSpotTraining") and time.time() > wait_deadline:
+                reason = _Outcome("MaxWaitTimeExceeded")
+            if reason is not None:
+                _terminate(processes, STOP_GRACE_SECONDS)
+                return processes, pumps, reason
+            if time.time() - last_sync > CHECKPOINT_SYNC_SECONDS:
+                self._sync_checkpoints(hosts)
+                last_sync = time.time()
+            time.sleep(0.05)
+
+    def _spot_due(self) -> bool:
+        request = self._spot_request
+        if request is None:
+            return False
+        if self._interrupt.is_set():
+            return True
+        if request["after_seconds"] is not None:
+            return time.time() >= max(request["since"], self._training_started) + request["after_seconds"]
+        return request["after_step"] is None
+
+    def _pump(self, process: subprocess.Popen, stream: str) -> None:
+        definitions = [
+            (d["Name"], re.compile(d["Regex"])) for d in self.job["AlgorithmSpecification"].get("MetricDefinitions", [])
+        ]
+        for raw in process.stdout:
+            line = raw.decode("utf-8", "replace").rstrip("\n")
+            now = time.time()
+            self.aws.put_log_event(self.name, stream, int(now * 1000), line)
+            for name, regex in definitions:
+                match = regex.search(line)
+                if match:
+                    try:
+                        value = float(match.group(1))
+                    except (IndexError, ValueError):
+                        continue
+                    self._final_metrics[name] = (value, now)
+                    self.aws.put_metric(self.name, name, value, now)
+            request = self._spot_request
+            if request is not None and request["after_step"] is not None:
+                step = STEP_LINE.search(line)
+                if step and int(step.group(1)) >= request["after_step"]:
+                    self._interrupt.set()
+        process.stdout.close()
+
+    # ---- results -------------------------------------------------------------------------------
+    def _upload_results(self, hosts, outcome: _Outcome) -> None:
+        if outcome.kind in ("Completed", "Stopped", "MaxRuntimeExceeded", "MaxWaitTimeExceeded"):
+            self._secondary("Uploading", "Uploading generated training model")
+        leader = hosts[0]  # algo-1: the leader's /opt/ml/model and /opt/ml/output/data are kept
+        bucket, prefix = _split_s3(self.job["OutputDataConfig"]["S3OutputPath"])
+        base = "/".join(p for p in (prefix.rstrip("/"), self.name, "output") if p)
+        output = _tar_gz(leader.tree / "output" / "data")
+        self.aws.s3.put_object(Bucket=bucket, Key=f"{base}/output.tar.gz", Body=output)
+        if outcome.kind != "Failed":
+            model = _tar_gz(leader.tree / "model")
+            self.aws.s3.put_object(Bucket=bucket, Key=f"{base}/model.tar.gz", Body=model)
+            self.job["ModelArtifacts"] = {"S3ModelArtifacts": f"s3://{bucket}/{base}/model.tar.gz"}
+            self._say(f"model uploaded to s3://{bucket}/{base}/model.tar.gz ({len(model)} bytes)")
+
+
+def _is_json(value: str) -> bool:
+    try:
+        json.loads(value)
+        return True
+    except (TypeError, ValueError):
+        return False
+
+
+def _split_s3(uri: str) -> tuple[str, str]:
+    bucket, _, key = uri[len("s3://") :].partition("/")
+    return bucket, key
+
+
+def _signature(path: Path) -> tuple[int, int]:
+    stat = path.stat()
+    return stat.st_size, stat.st_mtime_ns
+
+
+def _tar_gz(folder: Path) -> bytes:
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w:gz") as tar:
+        if folder.exists():
+            for path in sorted(folder.iterdir()):
+                tar.add(path, arcname=path.name)
+    return buffer.getvalue()
+
+
+def _failure_reason(host: hostlib.Host, code: int) -> str:
+    failure = host.tree / "output" / "failure"
+    text = failure.read_text(errors="replace").strip() if failure.exists() else ""
+    return f"AlgorithmError: {text or f'{host.name} exited with code {code} and wrote no failure reason'}"
+
+
+def _gpu_count() -> int:
+    """What the toolkit will find (it runs `nvidia-smi --list-gpus` too)."""
+    if not shutil.which("nvidia-smi"):
+        return 0
+    try:
+        out = subprocess.run(["nvidia-smi", "--list-gpus"], capture_output=True, text=True, timeout=20).stdout
+    except (OSError, subprocess.SubprocessError):
+        return 0
+    return sum(line.startswith("GPU ") for line in out.splitlines())
+
+
+def _terminate(processes: list[subprocess.Popen], grace: float) -> None:
+    """SIGTERM every host's process tree, SIGKILL what is left after `grace` seconds."""
+    tree = []
+    for process in processes:
+        try:
+            parent = psutil.Process(process.pid)
+            tree += [parent, *parent.children(recursive=True)]
+        except psutil.NoSuchProcess:
+            pass
+    for process in processes:
+        try:
+            os.killpg(process.pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+    for member in tree:
+        try:
+            member.send_signal(signal.SIGTERM)
+        except psutil.NoSuchProcess:
+            pass
+    _, alive = psutil.wait_procs(tree, timeout=grace)
+    for member in alive:
+        try:
+            member.kill()
+        except psutil.NoSuchProcess:
+            pass
+    for process in processes:
+        try:
+            os.killpg(process.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        process.wait()
