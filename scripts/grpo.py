@@ -153,7 +153,7 @@ def grpo_loss(logprobs, old_logprobs, ref_logprobs, advantages, mask, *, loss_ty
     """The loss of one micro-batch, scaled so that summing it over the micro-batches of an update
     gives the update's loss. Shapes: (sequences, tokens) except ``advantages`` (sequences,).
 
-    per token:  -min(ratio * A, clip(ratio, 1 - epsilon, 1 + epsilon_high) * A) + beta * KL_k3
+    per token:  -min(ratio * A, clip(ratio, 1 - epsilon, 1 + epsilon_high) * A) + beta * ratio * KL_k3
     with ratio = exp(logp - logp_old) and KL_k3 = exp(logp_ref - logp) - (logp_ref - logp) - 1.
     aggregation (``loss_type``):
       grpo     mean over each sequence's tokens, then over sequences (length-biased)
@@ -168,7 +168,9 @@ def grpo_loss(logprobs, old_logprobs, ref_logprobs, advantages, mask, *, loss_ty
     kl = None
     if beta != 0.0:
         log_ratio_ref = ref_logprobs - logprobs
-        kl = torch.exp(log_ratio_ref) - log_ratio_ref - 1
+        # Weighted by the policy ratio, as TRL does by default: the samples come from the old policy, and
+        # the weight makes the gradient that of the reverse KL of the current one (DeepSeek-V3.2).
+        kl = (torch.exp(log_ratio_ref) - log_ratio_ref - 1) * ratio
         per_token_loss = per_token_loss + beta * kl
 
     if loss_type == "grpo":
