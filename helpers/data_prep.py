@@ -1,0 +1,159 @@
+"""Data and model preparation for the training jobs, one code path for the cloud and offline.
+
+Each data set becomes two SageMaker channels, ``train`` (``train.jsonl``) and ``test``
+(``test.jsonl``), in the record formats of ``helpers.offline_data``. In the cloud the real
+sets are loaded by name with ``datasets``; offline (tests, CI, the main job) the project's
+own small sets are written to JSON Lines and loaded with ``datasets.load_dataset("json",
+...)``, so both go through the same ``DatasetDict`` -> ``to_json`` -> ``upload_data`` path.
+
+The model is staged in S3 once and given to every job as a ``model`` channel: on p4de/p5
+fleets that is faster and steadier than every host downloading from the Hub, and it works
+in network-isolated jobs.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+# The real sets, by name (loaded where there is a network).
+HUB_SETS = {
+    "gsm8k": "openai/gsm8k (config 'main')",
+    "preferences": "Intel/orca_dpo_pairs (question/chosen/rejected)",
+    "chat": "HuggingFaceH4/ultrachat_200k (train_sft/test_sft, messages)",
+    "code": "deepmind/code_contests (stdin/stdout tests)",
+}
+TINY_MODEL = "tiny"  # model_id meaning helpers.tiny_model.tiny_model_dir()
+
+
+def _limit(dataset, n: int | None):
+    return dataset if n is None else dataset.select(range(min(n, len(dataset))))
+
+
+def _hub_gsm8k(n_train, n_test, seed):
+    from datasets import load_dataset
+
+    data = load_dataset("openai/gsm8k", "main")
+    return {"train": _limit(data["train"], n_train), "test": _limit(data["test"], n_test)}
+
+
+def _hub_preferences(n_train, n_test, seed):
+    from datasets import load_dataset
+
+    data = load_dataset("Intel/orca_dpo_pairs", split="train")
+    data = data.map(lambda r: {"prompt": r["question"], "chosen": r["chosen"], "rejected": r["rejected"]},
+                    remove_columns=data.column_names)
+    split = data.train_test_split(test_size=n_test or 0.02, seed=seed)
+    return {"train": _limit(split["train"], n_train), "test": split["test"]}
+
+
+def _hub_chat(n_train, n_test, seed):
+    from datasets import load_dataset
+
+    data = load_dataset("HuggingFaceH4/ultrachat_200k")
+    return {"train": _limit(data["train_sft"].select_columns(["messages"]), n_train),
+            "test": _limit(data["test_sft"].select_columns(["messages"]), n_test)}
+
+
+def _code_contests_rows(split: str, n: int | None) -> list[dict]:
+    from datasets import load_dataset
+
+    rows = []
+    for problem in load_dataset("deepmind/code_contests", split=split, streaming=True):
+        tests = [{"input": i, "output": o} for source in ("public_tests", "private_tests")
+                 for i, o in zip(problem[source]["input"], problem[source]["output"], strict=True)]
+        if not tests:
+            continue
+        rows.append({"id": problem["name"], "statement": problem["description"], "testtype": "stdin",
+                     "tests": tests[:20]})
+        if n is not None and len(rows) >= n:
+            break
+    return rows
+
+
+def _hub_code(n_train, n_test, seed):
+    from datasets import Dataset
+
+    return {"train": Dataset.from_list(_code_contests_rows("train", n_train or 2000)),
+            "test": Dataset.from_list(_code_contests_rows("valid", n_test))}
+
+
+_HUB_LOADERS = {"gsm8k": _hub_gsm8k, "preferences": _hub_preferences, "chat": _hub_chat, "code": _hub_code}
+
+
+def load(name: str, source: str, *, n_train: int | None = None, n_test: int | None = None, seed: int = 0,
+         workdir: str | Path = "outputs/data"):
+    """A ``DatasetDict`` with ``train`` and ``test`` for data set ``name``.
+
+    ``source="hub"`` loads the real set by name; ``source="offline"`` the project's own set
+    (written to ``workdir`` as JSON Lines, then loaded with the ``json`` builder).
+    """
+    from datasets import DatasetDict, disable_progress_bars, load_dataset
+
+    disable_progress_bars()  # one line per split instead of a bar per step in the notebook
+    if name not in _HUB_LOADERS:
+        raise ValueError(f"Unknown data set {name!r}; choose one of {', '.join(_HUB_LOADERS)}.")
+    if source == "hub":
+        return DatasetDict(_HUB_LOADERS[name](n_train, n_test, seed))
+    if source != "offline":
+        raise ValueError(f"data_source must be 'hub' or 'offline', got {source!r}")
+    from helpers.offline_data import DATASETS, write_jsonl
+
+    n_train, n_test = n_train or 64, n_test or 16
+    records = DATASETS[name](n_train + n_test, seed=seed)
+    folder = Path(workdir) / "offline" / name
+    files = {"train": str(write_jsonl(folder / "train.jsonl", records[:n_train])),
+             "test": str(write_jsonl(folder / "test.jsonl", records[n_train:]))}
+    return load_dataset("json", data_files=files)
+
+
+def write_channels(dataset, folder: str | Path) -> dict[str, Path]:
+    """Write each split as ``<folder>/<split>/<split>.jsonl`` (one channel folder per split).
+
+    Arrow gives every row every column; a field a row did not have comes back as None and
+    is left out again here (``fn_name`` exists for functional code problems only).
+    """
+    folder = Path(folder)
+    paths = {}
+    for split, part in dataset.items():
+        path = folder / split / f"{split}.jsonl"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with path.open("w", encoding="utf-8") as handle:
+            for row in part:
+                handle.write(json.dumps({k: v for k, v in row.items() if v is not None}, ensure_ascii=False) + "\n")
+        paths[split] = path.parent
+    return paths
+
+
+def upload_channels(session, folders: dict[str, Path], bucket: str, key_prefix: str) -> dict[str, str]:
+    """Upload each channel folder with ``Session.upload_data``; returns {channel: S3 URI}."""
+    return {split: session.upload_data(str(path), bucket=bucket, key_prefix=f"{key_prefix}/{split}")
+            for split, path in folders.items()}
+
+
+def model_folder(model_id: str, cache_dir: str | Path = "outputs/models") -> Path:
+    """A local folder with the model's weights and tokenizer: the tiny model, or a Hub download."""
+    if model_id == TINY_MODEL:
+        from helpers.tiny_model import tiny_model_dir
+
+        return tiny_model_dir()
+    from huggingface_hub import snapshot_download
+
+    return Path(snapshot_download(
+        model_id, local_dir=Path(cache_dir) / model_id.replace("/", "--"),
+        allow_patterns=["*.json", "*.safetensors", "*.txt", "*.model", "*.tiktoken", "*.jinja"],
+    ))
+
+
+def stage_model(session, model_id: str, bucket: str, key_prefix: str, cache_dir: str | Path = "outputs/models") -> str:
+    """Upload the model folder to S3 once; the URI is then every job's ``model`` channel."""
+    folder = model_folder(model_id, cache_dir)
+    return session.upload_data(str(folder), bucket=bucket, key_prefix=key_prefix)
+
+
+def preview(dataset, rows: int = 1) -> None:
+    """Print the sizes and the first rows of each split (long strings shortened)."""
+    for split, part in dataset.items():
+        print(f"{split}: {len(part)} rows, columns {part.column_names}")
+        for row in part.select(range(min(rows, len(part)))):
+            print("  ", {k: (v[:100] + "..." if isinstance(v, str) and len(v) > 100 else v) for k, v in row.items()})

@@ -1,0 +1,197 @@
+"""The main job: every notebook, in order, in local mode with the tiny model and a few steps.
+
+    python -m helpers.run_notebooks --out outputs/main          # what `make main` runs
+    python -m helpers.run_notebooks --out /tmp/x --only 00 03   # a subset (00 prepares the data)
+
+Each notebook runs with papermill; its cloud parameters are overridden by the CI ones
+below (tiny model, offline data, few steps; instance types, counts, spot and checkpoints
+stay as in the cloud). Everything lands in the output folder:
+
+    <out>/notebooks/NN_*.ipynb   the executed notebooks, with their outputs
+    <out>/work/state.json        what the notebooks hand each other (data URIs, jobs, results)
+    <out>/sagemaker-local/       local mode's S3, jobs, logs, and each job's /opt/ml trees
+    <out>/summary.md|json        the summary printed at the end
+
+The exit status is non-zero if a notebook fails; the summary names it and the failing cell.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+NOTEBOOK_DIR = REPO / "notebooks"
+
+# Parameters papermill passes in CI and in the main job (the notebooks default to the cloud).
+CI_COMMON = {"run_mode": "local"}
+CI_PARAMETERS = {
+    "00": {"model_id": "tiny", "data_source": "offline", "n_train": 32, "n_test": 8},
+    "01": {"max_steps": 4, "batch_size": 2, "max_length": 128},
+    "02": {"max_steps": 4, "batch_size": 2, "max_length": 128},
+    "03": {"max_steps": 3, "batch_size": 2, "num_generations": 4, "max_new_tokens": 24},
+    "04": {"max_steps": 2, "batch_size": 2, "num_generations": 2, "max_new_tokens": 48},
+    "05": {"max_steps": 6, "batch_size": 2, "num_generations": 2, "max_new_tokens": 16,
+           "checkpoint_every": 2, "interrupt_after_step": 3},
+    "06": {"max_eval_examples": 8, "max_new_tokens": 24},
+}
+
+
+def notebooks(only: list[str] | None = None) -> list[Path]:
+    found = sorted(NOTEBOOK_DIR.glob("[0-9][0-9]_*.ipynb"))
+    if only:
+        found = [p for p in found if any(p.name.startswith(prefix) for prefix in only)]
+        if not found:
+            raise SystemExit(f"No notebook in {NOTEBOOK_DIR} starts with {only}")
+    return found
+
+
+def ci_parameters(notebook: Path, work_dir: Path) -> dict:
+    return {**CI_COMMON, "work_dir": str(work_dir), **CI_PARAMETERS.get(notebook.name[:2], {})}
+
+
+def prepare_environment(out: Path) -> dict:
+    """Environment of the notebook kernels: local mode's root in the output folder, offline, plain output."""
+    env = {
+        "SAGEMAKER_LOCAL_ROOT": str(out / "sagemaker-local"),
+        "NOTEBOOK_PLAIN_OUTPUT": "1",
+        "HF_HUB_OFFLINE": "1",
+        "HF_DATASETS_OFFLINE": "1",
+        "TRANSFORMERS_OFFLINE": "1",
+        "TOKENIZERS_PARALLELISM": "false",
+        "SAGEMAKER_SUPPRESS_V2_WARNING": "1",
+        "MPLBACKEND": "agg",
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
+        "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")]),
+    }
+    os.environ.update(env)
+    return env
+
+
+def run(out: Path, only: list[str] | None = None, cell_timeout: int = 900) -> dict:
+    import papermill
+    from papermill.exceptions import PapermillExecutionError
+
+    out = out.resolve()
+    (out / "notebooks").mkdir(parents=True, exist_ok=True)
+    work_dir = out / "work"
+    state_file = work_dir / "state.json"
+    if not only and state_file.exists():
+        state_file.unlink()  # a full run starts from a clean hand-over file
+    prepare_environment(out)
+    results = []
+    selected = notebooks(only)
+    for index, notebook in enumerate(selected, 1):
+        executed = out / "notebooks" / notebook.name
+        started = time.monotonic()
+        print(f"[{index}/{len(selected)}] {notebook.name} ...", flush=True)
+        entry = {"notebook": notebook.name, "executed": str(executed)}
+        try:
+            papermill.execute_notebook(
+                str(notebook), str(executed), parameters=ci_parameters(notebook, work_dir),
+                cwd=str(NOTEBOOK_DIR), kernel_name="python3", progress_bar=False, log_output=False,
+                execution_timeout=cell_timeout,
+            )
+            entry["status"] = "ok"
+        except PapermillExecutionError as error:
+            entry.update(status="failed", cell=_failing_cell(executed, error.exec_count),
+                         error=f"{error.ename}: {error.evalue}"[:2000])
+        except Exception as error:  # the kernel died, a timeout, a bad notebook file
+            entry.update(status="failed", cell=None, error=f"{type(error).__name__}: {error}"[:2000])
+        entry["seconds"] = round(time.monotonic() - started, 1)
+        results.append(entry)
+        line = f"[{index}/{len(selected)}] {notebook.name} {entry['status']} ({entry['seconds']:.0f} s)"
+        if entry["status"] != "ok":
+            line += f"\n    failing cell: {entry['cell']}\n    {entry['error'].splitlines()[0] if entry['error'] else ''}"
+        print(line, flush=True)
+        if entry["status"] != "ok":
+            break
+    summary = build_summary(results, state_file, out)
+    write_summary(summary, out)
+    print(render_markdown(summary), flush=True)
+    return summary
+
+
+def _failing_cell(executed: Path, exec_count) -> str:
+    """'cell N (execution count K): first line of its source' for the failing cell."""
+    try:
+        import nbformat
+
+        nb = nbformat.read(str(executed), as_version=4)
+        for number, cell in enumerate(nb.cells):
+            if cell.cell_type == "code" and cell.get("execution_count") == exec_count:
+                first = next((line for line in cell.source.splitlines() if line.strip()), "")
+                return f"cell {number} (execution count {exec_count}): {first[:100]}"
+    except Exception:
+        pass
+    return f"execution count {exec_count}"
+
+
+def build_summary(results: list[dict], state_file: Path, out: Path) -> dict:
+    state = json.loads(state_file.read_text()) if state_file.exists() else {}
+    jobs = [{k: job.get(k) for k in ("notebook", "job_name", "label", "status", "secondary_status",
+                                     "final_metrics", "model_data", "billable_seconds", "training_seconds",
+                                     "failure_reason")}
+            for job in state.get("jobs", [])]
+    return {
+        "ok": bool(results) and all(r["status"] == "ok" for r in results),
+        "notebooks": results,
+        "jobs": jobs,
+        "evaluation": state.get("evaluation", {}),
+        "spot": state.get("spot", {}),
+        "paths": {"executed notebooks": str(out / "notebooks"), "state file": str(state_file),
+                  "local mode root (S3, jobs, logs, /opt/ml trees)": str(out / "sagemaker-local")},
+    }
+
+
+def render_markdown(summary: dict) -> str:
+    lines = ["# Main job summary", "", f"Result: {'all notebooks ran' if summary['ok'] else 'FAILED'}", "",
+             "## Notebooks", ""]
+    for r in summary["notebooks"]:
+        line = f"- {r['notebook']}: {r['status']} in {r['seconds']:.0f} s"
+        if r["status"] != "ok":
+            line += f" -- {r.get('cell')}: {r.get('error', '').splitlines()[0] if r.get('error') else ''}"
+        lines.append(line)
+    lines += ["", "## Training jobs", ""]
+    for job in summary["jobs"]:
+        metrics = job.get("final_metrics") or {}
+        shown = ", ".join(f"{k}={v:.4g}" for k, v in metrics.items() if k != "step" and isinstance(v, (int, float)))
+        lines.append(f"- {job['notebook']}: {job['job_name']}{' (' + job['label'] + ')' if job.get('label') else ''}"
+                     f" -- {job['status']}; last step {metrics.get('step', '-')}: {shown or 'no metrics'}")
+    evaluation = summary.get("evaluation") or {}
+    if evaluation:
+        lines += ["", "## GSM8K accuracy on held-out problems (same checker as training)", ""]
+        for which in ("base", "trained"):
+            if which in evaluation:
+                e = evaluation[which]
+                lines.append(f"- {which}: accuracy {e.get('accuracy', float('nan')):.3f} "
+                             f"on {e.get('examples', '?')} problems ({e.get('job_name', '')})")
+    if summary.get("spot"):
+        s = summary["spot"]
+        lines += ["", "## Managed spot", "", f"- {s.get('job_name')}: resumed from step {s.get('resumed_from_step')}, "
+                  f"savings {s.get('savings_percent')}% ({s.get('note', '')})"]
+    lines += ["", "## Where things are", ""] + [f"- {k}: {v}" for k, v in summary["paths"].items()]
+    return "\n".join(lines) + "\n"
+
+
+def write_summary(summary: dict, out: Path) -> None:
+    (out / "summary.json").write_text(json.dumps(summary, indent=1, default=str))
+    (out / "summary.md").write_text(render_markdown(summary))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", default="outputs/main", help="output folder (default: %(default)s)")
+    parser.add_argument("--only", nargs="*", help="run only the notebooks whose names start with these prefixes")
+    parser.add_argument("--cell-timeout", type=int, default=900, help="seconds a cell may run (default: %(default)s)")
+    args = parser.parse_args(argv)
+    summary = run(Path(args.out), args.only, args.cell_timeout)
+    return 0 if summary["ok"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
