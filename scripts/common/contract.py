@@ -12,9 +12,9 @@ SageMaker (through the ``sagemaker-training`` toolkit) starts a script as
 - ``/opt/ml/checkpoints`` synced with S3 when the estimator has ``checkpoint_s3_uri``
   (SageMaker sets no variable for it). ``SAGEMAKER_BASE_DIR`` relocates ``/opt/ml``.
 
-Outside SageMaker every path has a default under the current directory (``./output/model``,
-``./output/data``, ``./output/failure``, ``./checkpoints``); channels are folders given as
-``SM_CHANNEL_TRAIN=/path/to/folder python sft.py ...``.
+Outside SageMaker (no ``SM_*`` variable but channels and ``SM_HPS``) every path has a default
+under the current directory (``./output/model``, ``./output/data``, ``./output/failure``,
+``./checkpoints``); channels are folders given as ``SM_CHANNEL_TRAIN=/path/to/folder python sft.py``.
 
 API:
     UserError                   an expected, explainable error: message only, no traceback
@@ -53,8 +53,11 @@ class UserError(Exception):
 
 
 def on_sagemaker() -> bool:
-    """True when the training toolkit (or a local imitation of it) set up the environment."""
-    return any(key.startswith("SM_") for key in os.environ) or "SAGEMAKER_BASE_DIR" in os.environ
+    """True when the training toolkit set up the environment (``SM_*`` variables beyond the
+    channels and ``SM_HPS``, which a hand run may set too, or a relocated ``SAGEMAKER_BASE_DIR``)."""
+    by_hand_too = ("SM_CHANNEL_", "SM_HPS")
+    return "SAGEMAKER_BASE_DIR" in os.environ or any(
+        key.startswith("SM_") and not key.startswith(by_hand_too) for key in os.environ)
 
 
 def _base_dir() -> Path:

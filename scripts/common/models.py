@@ -10,7 +10,8 @@ everything is fp32. The final model is saved in bf16 when trained on GPU, fp32 o
 
 API:
     resolve_model_path(name_or_path) -> str      the channel wins; bad local path -> UserError
-    load_tokenizer(path)                          padding on the right, a pad token always set
+    load_tokenizer(path)                          padding on the right, a pad token always set, and
+                                                  PLAIN_CHAT_TEMPLATE when the tokenizer has no chat template
     load_model(path, device, trainable=True)      AutoModelForCausalLM, dtype as above
     compute_dtype(device)                         bf16 on GPU, fp32 on CPU
     save_final_model(model, tokenizer, out_dir, learners)
@@ -30,6 +31,17 @@ from common.contract import UserError
 from common.distributed import Learners, unwrap
 
 log = logging.getLogger("common")
+
+# For tokenizers without a chat template (base models). Renders:
+#   ### System:\n<content>\n\n### User:\n<content>\n\n### Assistant:\n<content><eos>\n\n
+PLAIN_CHAT_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ '### ' + message['role'] | capitalize + ':\n' + message['content'] }}"
+    "{% if message['role'] == 'assistant' %}{{ eos_token }}{% endif %}"
+    "{{ '\n\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '### Assistant:\n' }}{% endif %}"
+)
 
 
 def resolve_model_path(name_or_path: str) -> str:
@@ -77,6 +89,9 @@ def load_tokenizer(path: str):
     if tokenizer.pad_token is None:  # padding positions are masked anyway; any token id will do
         tokenizer.pad_token = tokenizer.eos_token
     tokenizer.padding_side = "right"
+    if tokenizer.chat_template is None:
+        log.info("the tokenizer has no chat template: using the plain '### Role:' template")
+        tokenizer.chat_template = PLAIN_CHAT_TEMPLATE
     return tokenizer
 
 

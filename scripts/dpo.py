@@ -1,0 +1,296 @@
+"""Direct Preference Optimization (DPO) of a causal LM, in one plain loop.
+
+Data: channel ``train`` (``SM_CHANNEL_TRAIN``) holding ``train.jsonl``, one preference a line::
+
+    {"prompt": "...", "chosen": "...", "rejected": "..."}
+
+The prompt becomes a user turn of the tokenizer's chat template (with the generation prompt),
+each answer an assistant turn (with its end-of-turn token); as in TRL, the completion starts
+where the tokens of prompt and prompt + answer part.
+
+The loss is DPO's sigmoid loss (Rafailov et al., 2023): with log-probabilities summed over the
+completion tokens, for the policy being trained and a frozen reference model (the starting
+model),
+
+    loss = -log sigmoid(beta * ((logp_chosen - ref_logp_chosen) - (logp_rejected - ref_logp_rejected)))
+
+averaged over the pairs of the global batch. The reference runs alongside the policy, or, with
+``--precompute_ref_log_probs true``, once over the data before training and is then freed.
+Logged as TRL logs them (``/`` written ``_``): ``loss rewards_chosen rewards_rejected
+rewards_accuracies rewards_margins logps_chosen logps_rejected lr grad_norm``, where a
+reward is ``beta * (logp - ref_logp)``.
+
+Each optimizer step takes ``--batch_size`` pairs over all processes, cut into micro-batches of
+``--per_device_batch_size`` pairs dealt to the processes (gradient accumulation for the rest).
+
+Run by hand::
+
+    SM_CHANNEL_TRAIN=data/preferences python scripts/dpo.py --model_name_or_path /path/to/model --max_steps 20
+    torchrun --nproc_per_node 2 scripts/dpo.py ...
+
+On SageMaker: ``entry_point="dpo.py", source_dir="scripts"``, ``fit({"train": "s3://.../preferences/"})``
+and optionally channel ``model`` (e.g. the SFT job's output). Checkpoints, resume after
+SIGTERM / spot interruptions and the final model in ``SM_MODEL_DIR`` work as in ``sft.py``.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+import torch
+import torch.nn.functional as F
+
+from common import checkpoints, contract, data, distributed, metrics, models
+from common.contract import UserError, str2bool
+
+log = logging.getLogger("dpo")
+
+FIELDS = ("prompt", "chosen", "rejected")
+STATS = ("loss", "rewards_chosen", "rewards_rejected", "rewards_accuracies", "rewards_margins",
+         "logps_chosen", "logps_rejected")
+
+
+def parse_args(argv: list[str] | None = None):
+    parser = contract.HyperparameterParser(__doc__, prog="dpo.py")
+    contract.add_common_arguments(parser, model="Qwen/Qwen2.5-0.5B-Instruct", learning_rate=5e-7, max_steps=100)
+    parser.add_argument("--beta", type=float, default=0.1,
+                        help="strength of the pull towards the reference model (default: %(default)s)")
+    parser.add_argument("--batch_size", type=int, default=16,
+                        help="preference pairs per optimizer step, over all processes (default: %(default)s)")
+    parser.add_argument("--per_device_batch_size", type=int, default=2,
+                        help="pairs per forward pass on one process; the rest is gradient accumulation "
+                             "(default: %(default)s)")
+    parser.add_argument("--max_prompt_length", type=int, default=512,
+                        help="keep at most this many prompt tokens, the last ones (default: %(default)s)")
+    parser.add_argument("--max_length", type=int, default=1024,
+                        help="truncate prompt + answer to this many tokens (default: %(default)s)")
+    parser.add_argument("--reference_model_name_or_path", default="",
+                        help="the frozen reference model; empty = the starting model (default: empty)")
+    parser.add_argument("--precompute_ref_log_probs", type=str2bool, default=False,
+                        help="compute the reference log-probs once before training and free the reference "
+                             "model (saves memory and time per step) (default: %(default)s)")
+    parser.add_argument("--warmup_steps", type=int, default=10, help="linear warm-up steps (default: %(default)s)")
+    parser.add_argument("--max_grad_norm", type=float, default=1.0,
+                        help="clip the gradients' global norm; 0 = no clipping (default: %(default)s)")
+    parser.add_argument("--gradient_checkpointing", type=str2bool, default=False,
+                        help="recompute activations in the backward pass to save memory; always on with "
+                             "--strategy fsdp (default: %(default)s)")
+    args = parser.parse(argv)
+    for name in ("max_steps", "batch_size", "per_device_batch_size", "max_prompt_length", "max_length"):
+        if getattr(args, name) < 1:
+            raise UserError(f"--{name} must be at least 1, got {getattr(args, name)}.")
+    if args.max_prompt_length >= args.max_length:
+        raise UserError(f"--max_prompt_length ({args.max_prompt_length}) must be below --max_length ({args.max_length}).")
+    if args.beta <= 0:
+        raise UserError(f"--beta must be positive, got {args.beta}.")
+    return args
+
+
+# --------------------------------------------------------------------------- data
+
+
+def common_prefix_length(a: list[int], b: list[int]) -> int:
+    length = 0
+    for x, y in zip(a, b, strict=False):
+        if x != y:
+            break
+        length += 1
+    return length
+
+
+def tokenize_pair(tokenizer, row: dict, max_prompt_length: int, max_length: int) -> dict:
+    """Token ids of the prompt and of both completions (as TRL's conversational format does)."""
+    prompt = [{"role": "user", "content": row["prompt"]}]
+
+    def ids(messages, add_generation_prompt=False):
+        text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt)
+        return tokenizer(text, add_special_tokens=False)["input_ids"]
+
+    prompt_ids = ids(prompt, add_generation_prompt=True)
+    with_chosen = ids(prompt + [{"role": "assistant", "content": row["chosen"]}])
+    with_rejected = ids(prompt + [{"role": "assistant", "content": row["rejected"]}])
+    prompt_length = min(common_prefix_length(prompt_ids, with_chosen), common_prefix_length(prompt_ids, with_rejected))
+    prompt_ids = prompt_ids[:prompt_length][-max_prompt_length:]  # keep the end: the question is at the end
+    room = max_length - len(prompt_ids)
+    return {"prompt_ids": prompt_ids,
+            "chosen_ids": with_chosen[prompt_length:][:room],
+            "rejected_ids": with_rejected[prompt_length:][:room]}
+
+
+def collate_pairs(examples: list[dict], pad_token_id: int, device: torch.device) -> dict[str, torch.Tensor]:
+    """Rows 0..B-1 are prompt + chosen, rows B..2B-1 prompt + rejected, right-padded; the
+    completion mask marks the answer tokens."""
+    sequences, masks = [], []
+    for answer in ("chosen_ids", "rejected_ids"):
+        for example in examples:
+            sequences.append(example["prompt_ids"] + example[answer])
+            masks.append([0] * len(example["prompt_ids"]) + [1] * len(example[answer]))
+    width = max(len(s) for s in sequences)
+    input_ids = torch.full((len(sequences), width), pad_token_id, dtype=torch.long)
+    attention_mask = torch.zeros((len(sequences), width), dtype=torch.long)
+    completion_mask = torch.zeros((len(sequences), width), dtype=torch.long)
+    for row, (sequence, mask) in enumerate(zip(sequences, masks, strict=True)):
+        input_ids[row, :len(sequence)] = torch.tensor(sequence)
+        attention_mask[row, :len(sequence)] = 1
+        completion_mask[row, :len(sequence)] = torch.tensor(mask)
+    return {"input_ids": input_ids.to(device), "attention_mask": attention_mask.to(device),
+            "completion_mask": completion_mask.to(device)}
+
+
+# --------------------------------------------------------------------------- loss
+
+
+def completion_logps(logits: torch.Tensor, input_ids: torch.Tensor, completion_mask: torch.Tensor) -> torch.Tensor:
+    """Per row, the sum over completion tokens of log p(token | the tokens before it)."""
+    token_logps = torch.log_softmax(logits[:, :-1, :].float(), dim=-1)
+    token_logps = token_logps.gather(-1, input_ids[:, 1:].unsqueeze(-1)).squeeze(-1)
+    return (token_logps * completion_mask[:, 1:]).sum(dim=-1)
+
+
+def dpo_loss(chosen_logps, rejected_logps, ref_chosen_logps, ref_rejected_logps, beta: float):
+    """DPO's sigmoid loss per pair, and the implicit rewards beta * (logp - ref_logp)."""
+    chosen_rewards = beta * (chosen_logps - ref_chosen_logps)
+    rejected_rewards = beta * (rejected_logps - ref_rejected_logps)
+    losses = -F.logsigmoid(chosen_rewards - rejected_rewards)
+    return losses, chosen_rewards.detach(), rejected_rewards.detach()
+
+
+def reference_logps_of(reference, batch: dict, learners) -> tuple[torch.Tensor, torch.Tensor]:
+    """(chosen, rejected) log-probs of the frozen reference for a collated batch."""
+    with torch.no_grad(), distributed.autocast(learners):
+        logits = reference(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+    return completion_logps(logits, batch["input_ids"], batch["completion_mask"]).chunk(2)
+
+
+def precompute_reference_logps(reference, examples: list[dict], learners, batch_size: int, pad_token_id: int):
+    """[(chosen, rejected)] reference log-probs of every pair; each learner does its share."""
+    mine = {}
+    my_indices = list(range(learners.rank, len(examples), learners.world_size))
+    for start in range(0, len(my_indices), batch_size):
+        indices = my_indices[start:start + batch_size]
+        batch = collate_pairs([examples[i] for i in indices], pad_token_id, learners.device)
+        chosen, rejected = reference_logps_of(reference, batch, learners)
+        mine.update({i: (c, r) for i, c, r in zip(indices, chosen.tolist(), rejected.tolist(), strict=True)})
+    if learners.distributed:
+        everyone = [None] * learners.world_size
+        torch.distributed.all_gather_object(everyone, mine)
+        mine = {i: value for part in everyone for i, value in part.items()}
+    return [mine[i] for i in range(len(examples))]
+
+
+# --------------------------------------------------------------------------- training
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    learners = distributed.setup()
+    if args.batch_size % (args.per_device_batch_size * learners.world_size):
+        raise UserError(f"--batch_size {args.batch_size} must be a multiple of --per_device_batch_size "
+                        f"{args.per_device_batch_size} x {learners.world_size} processes.")
+    checkpoints.seed_everything(args.seed)
+
+    model_path = models.resolve_model_path(args.model_name_or_path)
+    tokenizer = models.load_tokenizer(model_path)
+    train_file = contract.channel_file("train", "train.jsonl")
+    rows = data.read_jsonl(train_file, FIELDS)
+    examples = [tokenize_pair(tokenizer, row, args.max_prompt_length, args.max_length) for row in rows]
+    log.info("%d preference pairs from %s", len(examples), train_file)
+
+    model = models.load_model(model_path, learners.device, trainable=True)
+    model.config.use_cache = False
+    if args.gradient_checkpointing and args.strategy == "ddp":
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    model.train()
+    model = distributed.wrap_model(model, learners, args.strategy)
+    reference_path = models.resolve_model_path(args.reference_model_name_or_path) \
+        if args.reference_model_name_or_path else model_path
+    reference = models.load_model(reference_path, learners.device, trainable=False)
+
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=args.learning_rate)
+    from transformers import get_cosine_schedule_with_warmup
+
+    scheduler = get_cosine_schedule_with_warmup(optimizer, min(args.warmup_steps, args.max_steps), args.max_steps)
+    batch_order = data.BatchOrder(len(examples), args.batch_size, args.seed)
+
+    checkpoint_dir = args.checkpoint_dir or contract.default_checkpoint_dir()
+    checkpointer = checkpoints.Checkpointer(checkpoint_dir, learners, keep=args.keep_checkpoints)
+    resumed = checkpointer.load_latest(model, optimizer, scheduler)
+    start_step, ref_table = 0, None
+    if resumed is not None:
+        start_step = resumed["step"]
+        batch_order.load_state_dict(resumed["extra"]["batch_order"])
+        ref_table = resumed["extra"].get("ref_logps")
+    if args.precompute_ref_log_probs:
+        if ref_table is None:
+            log.info("computing reference log-probs of %d pairs", len(examples))
+            ref_table = precompute_reference_logps(reference, examples, learners, args.per_device_batch_size,
+                                                   tokenizer.pad_token_id)
+        del reference  # not needed any more: frees its memory
+        reference = None
+
+    logger = metrics.MetricLogger(contract.output_data_dir() / "metrics.jsonl", learners, args.max_steps,
+                                  resume_step=start_step)
+    sigterm = checkpoints.SigtermFlag()
+    tokens_since_log = 0
+
+    for step in range(start_step + 1, args.max_steps + 1):
+        # The global batch, longest first so micro-batches hold similar lengths (less padding).
+        global_batch = sorted(batch_order.next(), key=lambda i: -len(examples[i]["prompt_ids"])
+                              - max(len(examples[i]["chosen_ids"]), len(examples[i]["rejected_ids"])))
+        my_micro_batches = data.shard_batch(global_batch, learners, args.per_device_batch_size)
+
+        local_sums = torch.zeros(len(STATS), dtype=torch.float64)
+        for micro_step, indices in enumerate(my_micro_batches):
+            batch = collate_pairs([examples[i] for i in indices], tokenizer.pad_token_id, learners.device)
+            if ref_table is not None:
+                ref_chosen = torch.tensor([ref_table[i][0] for i in indices], device=learners.device)
+                ref_rejected = torch.tensor([ref_table[i][1] for i in indices], device=learners.device)
+            else:
+                ref_chosen, ref_rejected = reference_logps_of(reference, batch, learners)
+            last_micro_step = micro_step == len(my_micro_batches) - 1
+            with distributed.gradient_sync(model, last_micro_step):  # all-reduce once, after the last
+                with distributed.autocast(learners):
+                    logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+                chosen_logps, rejected_logps = completion_logps(
+                    logits, batch["input_ids"], batch["completion_mask"]).chunk(2)
+                losses, chosen_rewards, rejected_rewards = dpo_loss(
+                    chosen_logps, rejected_logps, ref_chosen, ref_rejected, args.beta)
+                # DDP/FSDP average gradients over processes; times world_size / batch_size makes the
+                # result the gradient of the mean loss over the global batch's pairs.
+                (losses.sum() * learners.world_size / args.batch_size).backward()
+            local_sums += torch.tensor([
+                losses.sum().item(), chosen_rewards.sum().item(), rejected_rewards.sum().item(),
+                (chosen_rewards > rejected_rewards).float().sum().item(),
+                (chosen_rewards - rejected_rewards).sum().item(),
+                chosen_logps.sum().item(), rejected_logps.sum().item()], dtype=torch.float64)
+            tokens_since_log += int(batch["attention_mask"].sum()) * learners.world_size
+
+        grad_norm = distributed.clip_grad_norm(model, args.max_grad_norm)
+        optimizer.step()
+        scheduler.step()
+        optimizer.zero_grad(set_to_none=True)
+
+        if step % args.log_every == 0 or step == args.max_steps:
+            means = (distributed.all_reduce_sum(local_sums, learners) / args.batch_size).tolist()
+            logger.log(step, {**dict(zip(STATS, means, strict=True)), "lr": scheduler.get_last_lr()[0],
+                              "grad_norm": grad_norm, "epoch": batch_order.epoch}, tokens=tokens_since_log)
+            tokens_since_log = 0
+
+        stop = sigterm.should_stop(learners)
+        if stop or (args.checkpoint_every and step % args.checkpoint_every == 0):
+            extra = {"batch_order": batch_order.state_dict()}
+            if ref_table is not None:
+                extra["ref_logps"] = ref_table
+            checkpointer.save(step, model, optimizer, scheduler, extra=extra)
+        if stop:
+            log.warning("stopped by SIGTERM after step %d; the checkpoint resumes from here", step)
+            distributed.teardown()
+            return
+
+    models.save_final_model(model, tokenizer, contract.model_dir(), learners)
+    distributed.teardown()
+
+
+if __name__ == "__main__":
+    contract.run_main(lambda: main(sys.argv[1:]))

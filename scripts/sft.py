@@ -1,0 +1,281 @@
+"""Supervised fine-tuning of a causal LM on chat conversations, in one plain loop.
+
+Data: channel ``train`` (``SM_CHANNEL_TRAIN``) holding ``train.jsonl``, one conversation a line::
+
+    {"messages": [{"role": "system", "content": "..."},      # optional
+                  {"role": "user", "content": "..."},
+                  {"role": "assistant", "content": "..."}, ...]}
+
+Each conversation is rendered with the tokenizer's chat template and the loss is taken on the
+assistant tokens only (the assistant's text and its end-of-turn token). A tokenizer without a
+chat template gets this plain one (``common.models.PLAIN_CHAT_TEMPLATE``)::
+
+    ### User:
+    <content>
+
+    ### Assistant:
+    <content><eos>
+
+Each optimizer step takes ``--batch_size`` conversations (the global batch, whatever the number
+of processes), sorted by length and cut into micro-batches of ``--per_device_batch_size``
+dealt to the processes; gradients accumulate over a process's micro-batches. The loss is the
+mean over all assistant tokens of the global batch, so one process and eight give the same
+step. AdamW, linear warm-up then cosine decay, gradient clipping; optional LoRA (``--lora_r``).
+
+Run by hand (the tiny model and data come from ``python -m helpers.tiny_model`` and
+``helpers.offline_data.write_all``)::
+
+    SM_CHANNEL_TRAIN=data/chat python scripts/sft.py --model_name_or_path /path/to/model --max_steps 20
+    torchrun --nproc_per_node 2 scripts/sft.py ...          # same global batch, two processes
+
+On SageMaker: ``entry_point="sft.py", source_dir="scripts"``, hyperparameters as below, the data
+as ``fit({"train": "s3://.../chat/"})`` and optionally the weights as channel ``model``.
+Checkpoints go to ``--checkpoint_dir`` (``/opt/ml/checkpoints``) every ``--checkpoint_every``
+steps and on SIGTERM; a restarted job resumes from the newest one. The final model goes to
+``SM_MODEL_DIR`` (LoRA merged), metrics to stdout and ``$SM_OUTPUT_DATA_DIR/metrics.jsonl``:
+``loss lr grad_norm tokens epoch``.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+import torch
+import torch.nn.functional as F
+
+from common import checkpoints, contract, data, distributed, metrics, models
+from common.contract import UserError, str2bool
+
+log = logging.getLogger("sft")
+
+IGNORE_INDEX = -100  # label of positions that carry no loss (prompt, padding)
+ROLES = ("system", "user", "assistant")
+
+
+def parse_args(argv: list[str] | None = None):
+    parser = contract.HyperparameterParser(__doc__, prog="sft.py")
+    contract.add_common_arguments(parser, model="Qwen/Qwen2.5-0.5B-Instruct", learning_rate=2e-5, max_steps=100)
+    parser.add_argument("--batch_size", type=int, default=16,
+                        help="conversations per optimizer step, over all processes (default: %(default)s)")
+    parser.add_argument("--per_device_batch_size", type=int, default=4,
+                        help="conversations per forward pass on one process; the rest is gradient "
+                             "accumulation (default: %(default)s)")
+    parser.add_argument("--max_length", type=int, default=2048,
+                        help="truncate conversations to this many tokens (default: %(default)s)")
+    parser.add_argument("--warmup_steps", type=int, default=10, help="linear warm-up steps (default: %(default)s)")
+    parser.add_argument("--weight_decay", type=float, default=0.0,
+                        help="AdamW weight decay on matrices (not on biases and norms) (default: %(default)s)")
+    parser.add_argument("--max_grad_norm", type=float, default=1.0,
+                        help="clip the gradients' global norm; 0 = no clipping (default: %(default)s)")
+    parser.add_argument("--gradient_checkpointing", type=str2bool, default=False,
+                        help="recompute activations in the backward pass to save memory; always on with "
+                             "--strategy fsdp (default: %(default)s)")
+    parser.add_argument("--lora_r", type=int, default=0, help="LoRA rank; 0 trains all weights (default: %(default)s)")
+    parser.add_argument("--lora_alpha", type=int, default=32, help="LoRA scaling numerator (default: %(default)s)")
+    parser.add_argument("--lora_dropout", type=float, default=0.05, help="dropout on LoRA inputs (default: %(default)s)")
+    parser.add_argument("--lora_target_modules", default="all-linear",
+                        help="comma-separated module names to adapt, or all-linear (default: %(default)s)")
+    args = parser.parse(argv)
+    for name in ("max_steps", "batch_size", "per_device_batch_size", "max_length"):
+        if getattr(args, name) < 1:
+            raise UserError(f"--{name} must be at least 1, got {getattr(args, name)}.")
+    if args.lora_r and args.strategy == "fsdp":
+        raise UserError("--lora_r with --strategy fsdp is not supported: LoRA keeps memory small, use --strategy ddp.")
+    return args
+
+
+# --------------------------------------------------------------------------- data
+
+
+def check_conversation(row: dict) -> None:
+    """Raise ValueError naming the bad message (read_jsonl adds the file and line)."""
+    messages = row["messages"]
+    if not isinstance(messages, list):
+        raise ValueError("field 'messages' must be a list of {role, content} objects")
+    for number, message in enumerate(messages):
+        if not isinstance(message, dict) or message.get("role") not in ROLES:
+            raise ValueError(f"messages[{number}] needs a 'role' among {ROLES}")
+        content = message.get("content")
+        if not isinstance(content, str) or not content.strip():
+            raise ValueError(f"messages[{number}] ({message['role']}): field 'content' is missing or empty")
+    if not any(m["role"] == "assistant" for m in messages):
+        raise ValueError("the conversation has no assistant message to learn from")
+
+
+def render(tokenizer, messages: list[dict], add_generation_prompt: bool = False) -> str:
+    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt)
+
+
+def tokenize_conversation(tokenizer, messages: list[dict], max_length: int) -> dict:
+    """Token ids of the whole conversation and labels that keep only assistant tokens.
+
+    An assistant turn's characters are those between the rendering of the conversation before
+    it (with the generation prompt) and the rendering up to and including it; tokens starting
+    inside such a span are targets.
+    """
+    text = render(tokenizer, messages)
+    spans = []
+    for index, message in enumerate(messages):
+        if message["role"] != "assistant":
+            continue
+        before = render(tokenizer, messages[:index], add_generation_prompt=True)
+        through = render(tokenizer, messages[:index + 1]).rstrip()
+        if not (text.startswith(before) and text.startswith(through)):
+            raise UserError("The tokenizer's chat template renders earlier turns differently once later turns "
+                            "follow, so assistant tokens cannot be located; use a model whose template does not.")
+        spans.append((len(before), len(through)))
+    encoded = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True,
+                        truncation=True, max_length=max_length)
+    input_ids = encoded["input_ids"]
+    labels = [token if any(start <= begin < end for start, end in spans) else IGNORE_INDEX
+              for token, (begin, _) in zip(input_ids, encoded["offset_mapping"], strict=True)]
+    return {"input_ids": input_ids, "labels": labels,
+            "num_targets": sum(1 for label in labels[1:] if label != IGNORE_INDEX)}
+
+
+def collate(examples: list[dict], pad_token_id: int, device: torch.device) -> dict[str, torch.Tensor]:
+    """Right-pad a micro-batch; padding is masked out of attention and loss."""
+    width = max(len(e["input_ids"]) for e in examples)
+    input_ids = torch.full((len(examples), width), pad_token_id, dtype=torch.long)
+    labels = torch.full((len(examples), width), IGNORE_INDEX, dtype=torch.long)
+    attention_mask = torch.zeros((len(examples), width), dtype=torch.long)
+    for row, example in enumerate(examples):
+        length = len(example["input_ids"])
+        input_ids[row, :length] = torch.tensor(example["input_ids"])
+        labels[row, :length] = torch.tensor(example["labels"])
+        attention_mask[row, :length] = 1
+    return {"input_ids": input_ids.to(device), "attention_mask": attention_mask.to(device), "labels": labels.to(device)}
+
+
+def token_loss_sum(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Sum of next-token cross-entropies over target positions, and how many there are.
+    Position t predicts token t+1, so logits drop the last position and labels the first."""
+    shifted_logits = logits[:, :-1, :].float()
+    shifted_labels = labels[:, 1:]
+    loss_sum = F.cross_entropy(shifted_logits.reshape(-1, shifted_logits.size(-1)), shifted_labels.reshape(-1),
+                               ignore_index=IGNORE_INDEX, reduction="sum")
+    return loss_sum, (shifted_labels != IGNORE_INDEX).sum()
+
+
+# --------------------------------------------------------------------------- model
+
+
+def build_model(args, model_path: str, learners: distributed.Learners):
+    """The model to train: full fine-tuning, or frozen base + LoRA adapters; wrapped for DDP/FSDP."""
+    if args.lora_r > 0:
+        from peft import LoraConfig, get_peft_model
+
+        base = models.load_model(model_path, learners.device, trainable=False)
+        targets = args.lora_target_modules if args.lora_target_modules == "all-linear" \
+            else [name.strip() for name in args.lora_target_modules.split(",")]
+        config = LoraConfig(r=args.lora_r, lora_alpha=args.lora_alpha, lora_dropout=args.lora_dropout,
+                            target_modules=targets, task_type="CAUSAL_LM")
+        model = get_peft_model(base, config)
+    else:
+        model = models.load_model(model_path, learners.device, trainable=True)
+    model.config.use_cache = False  # no generation cache while training
+    if args.gradient_checkpointing and args.strategy == "ddp":
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    model.train()
+    return distributed.wrap_model(model, learners, args.strategy)
+
+
+def build_optimizer(model, args):
+    """AdamW with weight decay on matrices only (decaying biases and norm gains hurts)."""
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    groups = [{"params": [p for p in trainable if p.ndim >= 2], "weight_decay": args.weight_decay},
+              {"params": [p for p in trainable if p.ndim < 2], "weight_decay": 0.0}]
+    return torch.optim.AdamW(groups, lr=args.learning_rate, betas=(0.9, 0.999))
+
+
+# --------------------------------------------------------------------------- training
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    learners = distributed.setup()
+    micro_batches_per_step = args.batch_size // args.per_device_batch_size
+    if args.batch_size % (args.per_device_batch_size * learners.world_size):
+        raise UserError(f"--batch_size {args.batch_size} must be a multiple of --per_device_batch_size "
+                        f"{args.per_device_batch_size} x {learners.world_size} processes.")
+    checkpoints.seed_everything(args.seed)
+
+    model_path = models.resolve_model_path(args.model_name_or_path)
+    tokenizer = models.load_tokenizer(model_path)  # with a plain template if the model has none
+    train_file = contract.channel_file("train", "train.jsonl")
+    rows = data.read_jsonl(train_file, ["messages"], check=check_conversation)
+    examples = [tokenize_conversation(tokenizer, row["messages"], args.max_length) for row in rows]
+    log.info("%d conversations from %s, %d assistant tokens", len(examples), train_file,
+             sum(e["num_targets"] for e in examples))
+
+    model = build_model(args, model_path, learners)
+    optimizer = build_optimizer(model, args)
+    from transformers import get_cosine_schedule_with_warmup
+
+    scheduler = get_cosine_schedule_with_warmup(optimizer, min(args.warmup_steps, args.max_steps), args.max_steps)
+    batch_order = data.BatchOrder(len(examples), args.batch_size, args.seed)
+
+    # Resume after a spot interruption or a restart, from the newest whole checkpoint.
+    checkpoint_dir = args.checkpoint_dir or contract.default_checkpoint_dir()
+    checkpointer = checkpoints.Checkpointer(checkpoint_dir, learners, keep=args.keep_checkpoints,
+                                            trainable_only=args.lora_r > 0)
+    resumed = checkpointer.load_latest(model, optimizer, scheduler)
+    start_step = 0
+    if resumed is not None:
+        start_step = resumed["step"]
+        batch_order.load_state_dict(resumed["extra"]["batch_order"])
+    logger = metrics.MetricLogger(contract.output_data_dir() / "metrics.jsonl", learners, args.max_steps,
+                                  resume_step=start_step)
+    sigterm = checkpoints.SigtermFlag()
+    log.info("training steps %d..%d: %d conversations a step, %d micro-batches of %d on each of %d processes",
+             start_step + 1, args.max_steps, args.batch_size, micro_batches_per_step // learners.world_size,
+             args.per_device_batch_size, learners.world_size)
+
+    tokens_since_log = 0
+    for step in range(start_step + 1, args.max_steps + 1):
+        # The global batch, longest first so micro-batches hold similar lengths (less padding).
+        global_batch = sorted(batch_order.next(), key=lambda i: -len(examples[i]["input_ids"]))
+        num_targets = max(sum(examples[i]["num_targets"] for i in global_batch), 1)
+        my_micro_batches = data.shard_batch(global_batch, learners, args.per_device_batch_size)
+
+        local_loss_sum = 0.0
+        for micro_step, indices in enumerate(my_micro_batches):
+            batch = collate([examples[i] for i in indices], tokenizer.pad_token_id, learners.device)
+            last_micro_step = micro_step == len(my_micro_batches) - 1
+            with distributed.gradient_sync(model, last_micro_step):  # all-reduce once, after the last
+                with distributed.autocast(learners):
+                    logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+                loss_sum, _ = token_loss_sum(logits, batch["labels"])
+                # DDP/FSDP average gradients over processes; times world_size / num_targets makes the
+                # result the gradient of the mean loss over every assistant token of the global batch.
+                (loss_sum * learners.world_size / num_targets).backward()
+            local_loss_sum += loss_sum.item()
+
+        grad_norm = distributed.clip_grad_norm(model, args.max_grad_norm)
+        optimizer.step()
+        scheduler.step()
+        optimizer.zero_grad(set_to_none=True)
+
+        tokens_since_log += sum(len(examples[i]["input_ids"]) for i in global_batch)
+        if step % args.log_every == 0 or step == args.max_steps:
+            loss = distributed.all_reduce_sum(local_loss_sum, learners).item() / num_targets
+            logger.log(step, {"loss": loss, "lr": scheduler.get_last_lr()[0], "grad_norm": grad_norm,
+                              "tokens": num_targets, "epoch": batch_order.epoch},
+                       tokens=tokens_since_log)
+            tokens_since_log = 0
+
+        stop = sigterm.should_stop(learners)
+        if stop or (args.checkpoint_every and step % args.checkpoint_every == 0):
+            checkpointer.save(step, model, optimizer, scheduler, extra={"batch_order": batch_order.state_dict()})
+        if stop:
+            log.warning("stopped by SIGTERM after step %d; the checkpoint resumes from here", step)
+            distributed.teardown()
+            return
+
+    models.save_final_model(model, tokenizer, contract.model_dir(), learners)
+    distributed.teardown()
+
+
+if __name__ == "__main__":
+    contract.run_main(lambda: main(sys.argv[1:]))

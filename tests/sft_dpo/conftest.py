@@ -1,0 +1,154 @@
+"""Fixtures for the SFT and DPO script tests: the scripts folder on sys.path, and a runner that
+starts a script the way the SageMaker toolkit does (``SM_*`` variables, ``--key value``)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+SCRIPTS = REPO / "scripts"
+if str(SCRIPTS) not in sys.path:
+    sys.path.insert(0, str(SCRIPTS))
+
+
+def _container_env(root: Path, channels: dict[str, Path]) -> dict[str, str]:
+    """The environment the toolkit gives a script, with /opt/ml relocated under ``root``."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SM_", "SAGEMAKER_"))}
+    env.update({
+        "SAGEMAKER_BASE_DIR": str(root),
+        "SM_MODEL_DIR": str(root / "model"),
+        "SM_OUTPUT_DATA_DIR": str(root / "output" / "data"),
+        "SM_OUTPUT_DIR": str(root / "output"),
+        "SM_HOSTS": json.dumps(["algo-1"]),
+        "SM_CURRENT_HOST": "algo-1",
+        "SM_NUM_GPUS": "0",
+        "SM_CURRENT_INSTANCE_TYPE": "local",
+        "OMP_NUM_THREADS": "1",  # the same thread count in every run: identical float sums
+        "PYTHONUNBUFFERED": "1",
+    })
+    for name, folder in channels.items():
+        env[f"SM_CHANNEL_{name.upper()}"] = str(folder)
+    return env
+
+
+def _read_metrics(root: Path) -> list[dict]:
+    path = root / "output" / "data" / "metrics.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+@pytest.fixture
+def container_env():
+    """container_env(root, {"train": folder}) -> env dict with /opt/ml relocated under root."""
+    return _container_env
+
+
+@pytest.fixture
+def read_metrics():
+    """read_metrics(root) -> the records of root/output/data/metrics.jsonl."""
+    return _read_metrics
+
+
+@pytest.fixture
+def run_script():
+    """run_script(script, args, env, nproc=1) -> CompletedProcess, cwd = scripts/ like the toolkit."""
+
+    def run(script: str, args: list[str], env: dict[str, str], nproc: int = 1, timeout: int = 180):
+        if nproc == 1:
+            command = [sys.executable, script, *args]
+        else:
+            torchrun = str(Path(sys.executable).parent / "torchrun")
+            command = [torchrun, "--nproc_per_node", str(nproc), "--master_port", "0", script, *args]
+        return subprocess.run(command, cwd=SCRIPTS, env=env, capture_output=True, text=True, timeout=timeout)
+
+    return run
+
+
+@pytest.fixture
+def tiny_args(tiny_model_path) -> list[str]:
+    """Small, fast settings shared by the script runs."""
+    return ["--model_name_or_path", str(tiny_model_path), "--batch_size", "4", "--per_device_batch_size", "2",
+            "--warmup_steps", "2", "--learning_rate", "1e-3", "--seed", "7"]
+
+
+@pytest.fixture
+def run_in_process(monkeypatch, container_env):
+    """run_in_process(name, argv, root, channels): ``sft.main``/``dpo.main`` in this process (no
+    interpreter start-up), under the container's variables, with one thread like the subprocesses."""
+    import signal
+
+    import torch
+
+    def run(name: str, argv: list[str], root: Path, channels: dict[str, Path]) -> None:
+        import importlib
+
+        module = importlib.import_module(name)
+        for key in list(os.environ):
+            if key.startswith(("SM_", "SAGEMAKER_")):
+                monkeypatch.delenv(key)
+        for key, value in container_env(root, channels).items():
+            if key.startswith(("SM_", "SAGEMAKER_")):
+                monkeypatch.setenv(key, value)
+        threads, handler = torch.get_num_threads(), signal.getsignal(signal.SIGTERM)
+        torch.set_num_threads(1)
+        try:
+            module.main(argv)
+        finally:
+            torch.set_num_threads(threads)
+            signal.signal(signal.SIGTERM, handler)
+
+    return run
+
+
+@pytest.fixture
+def same_weights():
+    """same_weights(dir_a, dir_b): the two saved models are bitwise equal."""
+    from safetensors.torch import load_file
+
+    def check(a: Path, b: Path) -> None:
+        first, second = load_file(a / "model.safetensors"), load_file(b / "model.safetensors")
+        assert first.keys() == second.keys()
+        different = [name for name in first if not torch_equal(first[name], second[name])]
+        assert not different, f"weights differ: {different[:5]}"
+
+    return check
+
+
+def torch_equal(a, b) -> bool:
+    import torch
+
+    return a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b)
+
+
+@pytest.fixture
+def interrupt_script():
+    """interrupt_script(script, args, env, at_step, signum) -> (returncode, output): start the
+    script, send ``signum`` as soon as it prints the metric line of ``at_step``, wait for it."""
+    import signal as signals
+    import time
+
+    def run(script: str, args: list[str], env: dict[str, str], at_step: int, signum: int):
+        process = subprocess.Popen([sys.executable, script, *args], cwd=SCRIPTS, env=env, text=True,
+                                   stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        output, deadline = [], time.monotonic() + 180
+        try:
+            for line in process.stdout:
+                output.append(line)
+                if line.startswith(f"step={at_step} "):
+                    process.send_signal(signum)
+                    break
+                assert time.monotonic() < deadline, "the script did not reach the step in time"
+            output += process.stdout.readlines()
+            process.wait(timeout=120)
+        finally:
+            if process.poll() is None:
+                process.send_signal(signals.SIGKILL)
+                process.wait()
+        return process.returncode, "".join(output)
+
+    return run
