@@ -131,7 +131,7 @@ class LocalAWS:
                     {
                         "MetricName": name,
                         "Dimensions": [{"Name": "TrainingJobName", "Value": job}],
-                        "Timestamp": dt.datetime.fromtimestamp(when, tz=dt.timezone.utc),
+                        "Timestamp": dt.datetime.fromtimestamp(when, tz=dt.UTC),
                         "Value": value,
                     }
                 ],

@@ -40,7 +40,7 @@ def to_wire(value):
     if isinstance(value, dict):
         return {
             k: (
-                dt.datetime.fromtimestamp(v, tz=dt.timezone.utc)
+                dt.datetime.fromtimestamp(v, tz=dt.UTC)
                 if k.endswith(_TIME_KEYS) and isinstance(v, (int, float)) and not k.endswith("InSeconds")
                 else to_wire(v)
             )

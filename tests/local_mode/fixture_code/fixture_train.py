@@ -1,0 +1,76 @@
+"""A small entry point that exercises the SageMaker container contract in local-mode tests.
+
+--mode steps      a resumable loop: one `step=<n> loss=<x>` line per step, a checkpoint per step
+                  in /opt/ml/checkpoints, the data line count and the final step in the model dir
+--mode allreduce  torch.distributed (gloo) all-reduce of rank+1 over every process
+--mode fail       writes a failure reason and exits 1 (on the host given by --fail_host)
+"""
+
+import argparse
+import json
+import os
+import signal
+import sys
+import time
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--mode", default="steps")
+parser.add_argument("--steps", type=int, default=3)
+parser.add_argument("--step_seconds", type=float, default=0.0)
+parser.add_argument("--fail_host", default="")
+args = parser.parse_args()
+
+print(f"fixture started mode={args.mode} host={os.environ.get('SM_CURRENT_HOST')}", flush=True)
+model_dir = os.environ["SM_MODEL_DIR"]
+base_dir = os.environ.get("SAGEMAKER_BASE_DIR", "/opt/ml")
+checkpoint_dir = os.path.join(base_dir, "checkpoints")
+failure_file = os.path.join(os.environ["SM_OUTPUT_DIR"], "failure")
+
+if args.mode == "steps":
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # a checkpoint already exists for every step
+    state_file = os.path.join(checkpoint_dir, "state.json")
+    start = 0
+    if os.path.exists(state_file):
+        start = json.load(open(state_file))["step"]
+        print(f"resumed from step {start}", flush=True)
+    rows = 0
+    if "SM_CHANNEL_TRAIN" in os.environ:
+        with open(os.path.join(os.environ["SM_CHANNEL_TRAIN"], "train.jsonl")) as f:
+            rows = sum(1 for _ in f)
+    for step in range(start + 1, args.steps + 1):
+        time.sleep(args.step_seconds)
+        with open(state_file + ".tmp", "w") as f:
+            json.dump({"step": step}, f)
+        os.replace(state_file + ".tmp", state_file)
+        print(f"step={step} loss={1.0 / step:.4f}", flush=True)
+    with open(os.path.join(model_dir, "result.json"), "w") as f:
+        json.dump({"final_step": args.steps, "resumed_from": start, "rows": rows}, f)
+    os.makedirs(os.environ["SM_OUTPUT_DATA_DIR"], exist_ok=True)
+    with open(os.path.join(os.environ["SM_OUTPUT_DATA_DIR"], "metrics.jsonl"), "w") as f:
+        f.write(json.dumps({"step": args.steps}) + "\n")
+
+elif args.mode == "allreduce":
+    import torch
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    value = torch.tensor([float(rank + 1)])
+    dist.all_reduce(value)
+    if args.fail_host and os.environ.get("SM_CURRENT_HOST", "").endswith(args.fail_host):
+        with open(failure_file, "w") as f:
+            f.write(f"rank {rank} gave up on purpose")
+        os._exit(3)  # dies without leaving the group: the peers would wait forever on their own
+    dist.barrier()  # with a dead peer this never returns
+    if rank == 0:
+        with open(os.path.join(model_dir, "allreduce.json"), "w") as f:
+            json.dump({"sum": value.item(), "world_size": dist.get_world_size(),
+                       "hosts": json.loads(os.environ["SM_HOSTS"])}, f)
+        print(f"step=1 sum={value.item()}", flush=True)
+    dist.destroy_process_group()
+
+elif args.mode == "fail":
+    if not args.fail_host or os.environ.get("SM_CURRENT_HOST", "").endswith(args.fail_host):
+        with open(failure_file, "w") as f:
+            f.write("the fixture failed on purpose: --mode fail")
+        sys.exit(1)

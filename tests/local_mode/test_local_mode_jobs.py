@@ -1,0 +1,237 @@
+"""Training jobs in local mode, driven only through the SageMaker SDK's and boto3's public APIs."""
+
+from __future__ import annotations
+
+import io
+import json
+import tarfile
+
+import boto3
+import pytest
+from sagemaker.analytics import TrainingJobAnalytics
+from sagemaker.estimator import Estimator
+from sagemaker.exceptions import UnexpectedStatusException
+from sagemaker.huggingface import HuggingFace
+from sagemaker.inputs import TrainingInput
+from sagemaker.pytorch import PyTorch
+
+pytestmark = pytest.mark.timeout(240)
+
+STEP_METRICS = [{"Name": "loss", "Regex": r"\bloss=(-?[0-9.]+(?:[eE][-+]?[0-9]+)?)"}]
+
+
+def pytorch(session, role, code, **kwargs):
+    options = dict(
+        entry_point="fixture_train.py",
+        source_dir=str(code),
+        role=role,
+        instance_type="ml.p5.48xlarge",
+        instance_count=1,
+        framework_version="2.8.0",
+        py_version="py312",
+        sagemaker_session=session,
+    )
+    options.update(kwargs)
+    return PyTorch(**options)
+
+
+def read_model(session, model_data: str) -> dict[str, bytes]:
+    bucket, key = model_data[len("s3://") :].split("/", 1)
+    body = session.boto_session.client("s3").get_object(Bucket=bucket, Key=key)["Body"].read()
+    with tarfile.open(fileobj=io.BytesIO(body)) as tar:
+        return {m.name: tar.extractfile(m).read() for m in tar.getmembers() if m.isfile()}
+
+
+def test_pytorch_fit_streams_logs_metrics_model_and_checkpoints(local_session, role, fixture_code, capsys, tmp_path):
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "train.jsonl").write_text('{"a": 1}\n{"a": 2}\n{"a": 3}\n')
+    train_uri = local_session.upload_data(str(data), key_prefix="fixture/train")
+    checkpoints = f"s3://{local_session.default_bucket()}/fixture/checkpoints"
+    estimator = pytorch(
+        local_session, role, fixture_code,
+        hyperparameters={"steps": 3},
+        metric_definitions=STEP_METRICS,
+        checkpoint_s3_uri=checkpoints,
+    )  # fmt: skip
+    estimator.fit({"train": TrainingInput(train_uri)}, logs=True)
+
+    out = capsys.readouterr().out
+    assert "fixture started mode=steps host=algo-1" in out  # the SDK streamed the container's log
+    assert "step=3 loss=0.3333" in out
+    assert "Completed - Training job completed" in out
+
+    model = read_model(local_session, estimator.model_data)
+    assert json.loads(model["result.json"]) == {"final_step": 3, "resumed_from": 0, "rows": 3}
+
+    description = estimator.latest_training_job.describe()
+    assert description["FinalMetricDataList"][0]["MetricName"] == "loss"
+    assert description["FinalMetricDataList"][0]["Value"] == pytest.approx(0.3333)
+    assert description["TrainingTimeInSeconds"] >= 1
+    assert description["BillableTimeInSeconds"] == description["TrainingTimeInSeconds"]
+    frame = TrainingJobAnalytics(estimator.latest_training_job.name, ["loss"], sagemaker_session=local_session).dataframe()
+    # CloudWatch averages each 60 s period (TrainingJobAnalytics' default), as on SageMaker.
+    assert list(frame["metric_name"]) == ["loss"]
+    assert frame["value"].iloc[0] == pytest.approx((1.0 + 0.5 + 0.3333) / 3, abs=1e-3)
+
+    # The checkpoint went to S3; a second job starts from it.
+    s3 = local_session.boto_session.client("s3")
+    saved = s3.get_object(Bucket=local_session.default_bucket(), Key="fixture/checkpoints/state.json")
+    assert json.loads(saved["Body"].read()) == {"step": 3}
+    again = pytorch(local_session, role, fixture_code, hyperparameters={"steps": 5}, checkpoint_s3_uri=checkpoints)
+    again.fit(logs=False)
+    assert json.loads(read_model(local_session, again.model_data)["result.json"])["resumed_from"] == 3
+
+
+def test_two_hosts_torch_distributed_all_reduce(local_session, role, fixture_code):
+    estimator = pytorch(
+        local_session, role, fixture_code,
+        instance_count=2,
+        distribution={"torch_distributed": {"enabled": True}},
+        hyperparameters={"mode": "allreduce"},
+    )  # fmt: skip
+    estimator.fit(logs=False)
+    result = json.loads(read_model(local_session, estimator.model_data)["allreduce.json"])
+    assert result["world_size"] == 2
+    assert result["sum"] == 3.0  # rank 0 contributed 1, rank 1 contributed 2
+    assert len(result["hosts"]) == 2
+
+
+def test_failing_host_fails_the_job_and_stops_its_peer(local_session, role, fixture_code):
+    estimator = pytorch(
+        local_session, role, fixture_code,
+        instance_count=2,
+        distribution={"torch_distributed": {"enabled": True}},
+        hyperparameters={"mode": "allreduce", "fail_host": "2"},
+        max_run=120,
+    )  # fmt: skip
+    with pytest.raises(UnexpectedStatusException, match="rank 1 gave up on purpose"):
+        estimator.fit(logs=False)
+    description = estimator.latest_training_job.describe()
+    assert description["TrainingJobStatus"] == "Failed"
+    assert description["FailureReason"].startswith("AlgorithmError: rank 1 gave up on purpose")
+    assert description["TrainingTimeInSeconds"] < 60  # not the 120 s limit: the waiting peer was stopped
+
+
+def test_generic_estimator_failure_reason(local_session, role, fixture_code):
+    from sagemaker import image_uris
+
+    image = image_uris.retrieve("pytorch", region="us-east-1", version="2.8.0", py_version="py312",
+                                instance_type="ml.p5.48xlarge", image_scope="training")  # fmt: skip
+    estimator = Estimator(
+        image_uri=image, entry_point="fixture_train.py", source_dir=str(fixture_code), role=role,
+        instance_type="ml.p5.48xlarge", instance_count=1, hyperparameters={"mode": "fail"},
+        sagemaker_session=local_session,
+    )  # fmt: skip
+    with pytest.raises(UnexpectedStatusException, match="failed on purpose"):
+        estimator.fit(logs=False)
+
+
+def test_huggingface_estimator_and_missing_requirements(local_session, role, tmp_path, fixture_code):
+    code = tmp_path / "code"
+    code.mkdir()
+    (code / "fixture_train.py").write_text((fixture_code / "fixture_train.py").read_text())
+    (code / "requirements.txt").write_text("packaging\nno-such-package-for-local-mode==1.0\n")
+    estimator = HuggingFace(
+        entry_point="fixture_train.py", source_dir=str(code), role=role,
+        instance_type="ml.p5.48xlarge", instance_count=1,
+        transformers_version="4.56.2", pytorch_version="2.8.0", py_version="py312",
+        sagemaker_session=local_session,
+    )  # fmt: skip
+    with pytest.raises(UnexpectedStatusException) as raised:
+        estimator.fit(logs=False)
+    reason = estimator.latest_training_job.describe()["FailureReason"]
+    assert "no-such-package-for-local-mode==1.0" in reason
+    assert "pip install" in reason
+    assert "packaging" not in reason.split("lacks:")[1].split(".")[0]  # installed, so not named
+    assert "no-such-package" in str(raised.value)
+
+    (code / "requirements.txt").write_text("packaging\n")
+    estimator.fit(logs=False)
+    assert json.loads(read_model(local_session, estimator.model_data)["result.json"])["final_step"] == 3
+
+
+def test_session_train_and_boto3_waiter(local_session, role, fixture_code):
+    source = pytorch(local_session, role, fixture_code)
+    source.fit(wait=False)  # uploads sourcedir.tar.gz; its request is the template below
+    template = source.latest_training_job.describe()
+    local_session.wait_for_job(template["TrainingJobName"])
+
+    local_session.train(
+        input_mode="File",
+        input_config=None,
+        role=role,
+        job_name="fixture-session-train",
+        output_config=template["OutputDataConfig"],
+        resource_config={"InstanceType": "ml.m5.xlarge", "InstanceCount": 1, "VolumeSizeInGB": 10},
+        vpc_config=None,
+        hyperparameters=template["HyperParameters"],
+        stop_condition={"MaxRuntimeInSeconds": 300},
+        tags=None,
+        metric_definitions=None,
+        image_uri=template["AlgorithmSpecification"]["TrainingImage"],
+    )
+    assert local_session.wait_for_job("fixture-session-train")["TrainingJobStatus"] == "Completed"
+
+    sagemaker = boto3.client("sagemaker")  # the default session: local mode's
+    sagemaker.create_training_job(
+        TrainingJobName="fixture-boto3",
+        AlgorithmSpecification={"TrainingImage": template["AlgorithmSpecification"]["TrainingImage"],
+                                "TrainingInputMode": "File"},
+        RoleArn=role,
+        HyperParameters=template["HyperParameters"],
+        OutputDataConfig=template["OutputDataConfig"],
+        ResourceConfig={"InstanceType": "ml.g5.xlarge", "InstanceCount": 1, "VolumeSizeInGB": 10},
+        StoppingCondition={"MaxRuntimeInSeconds": 300},
+    )  # fmt: skip
+    sagemaker.get_waiter("training_job_completed_or_stopped").wait(
+        TrainingJobName="fixture-boto3", WaiterConfig={"Delay": 1, "MaxAttempts": 120}
+    )
+    description = sagemaker.describe_training_job(TrainingJobName="fixture-boto3")
+    assert description["TrainingJobStatus"] == "Completed"
+    assert description["ModelArtifacts"]["S3ModelArtifacts"].endswith("fixture-boto3/output/model.tar.gz")
+    names = [s["TrainingJobName"] for s in sagemaker.list_training_jobs(MaxResults=10)["TrainingJobSummaries"]]
+    assert names[:2] == ["fixture-boto3", "fixture-session-train"]  # newest first
+
+
+def test_stop_training_job(local_session, role, fixture_code):
+    estimator = pytorch(local_session, role, fixture_code, hyperparameters={"steps": 200, "step_seconds": 0.5})
+    estimator.fit(wait=False)
+    job = estimator.latest_training_job
+    client = local_session.sagemaker_client
+    import time
+
+    deadline = time.time() + 60
+    while client.describe_training_job(TrainingJobName=job.name)["SecondaryStatus"] != "Training":
+        assert time.time() < deadline
+        time.sleep(0.2)
+    job.stop()
+    description = local_session.wait_for_job(job.name)
+    assert description["TrainingJobStatus"] == "Stopped"
+    statuses = [t["Status"] for t in description["SecondaryStatusTransitions"]]
+    assert statuses[-3:] == ["Stopping", "Uploading", "Stopped"]
+    with pytest.raises(client.exceptions.ClientError, match="in status Stopped"):
+        client.stop_training_job(TrainingJobName=job.name)
+
+
+def test_spot_interruption_restarts_from_checkpoint(local_session, role, fixture_code):
+    from helpers.local_mode import NOMINAL_SPOT_DISCOUNT, simulate_spot_interruption
+
+    estimator = pytorch(
+        local_session, role, fixture_code,
+        hyperparameters={"steps": 6, "step_seconds": 0.3},
+        use_spot_instances=True, max_run=300, max_wait=600,
+        checkpoint_s3_uri=f"s3://{local_session.default_bucket()}/spot/checkpoints",
+    )  # fmt: skip
+    estimator.fit(wait=False)
+    simulate_spot_interruption(estimator.latest_training_job.name, after_step=2)
+    description = local_session.wait_for_job(estimator.latest_training_job.name)
+
+    statuses = [t["Status"] for t in description["SecondaryStatusTransitions"]]
+    assert statuses == ["Starting", "Starting", "Downloading", "Training", "Interrupted", "Restarting",
+                        "Training", "Uploading", "Completed"]  # fmt: skip
+    result = json.loads(read_model(local_session, estimator.model_data)["result.json"])
+    assert result["final_step"] == 6
+    assert 2 <= result["resumed_from"] < 6  # resumed from its checkpoint, not from scratch
+    expected = max(1, round(description["TrainingTimeInSeconds"] * (1 - NOMINAL_SPOT_DISCOUNT)))
+    assert description["BillableTimeInSeconds"] == expected
