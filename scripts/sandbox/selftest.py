@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 from .judge import ACCEPTED, Limits, Sandbox, classify
 
-SELFTEST_LIMITS = Limits(time_limit=1.0, wall_limit=2.0, memory_mb=256, output_bytes=4 << 20)
+SELFTEST_LIMITS = Limits(time_limit=0.5, wall_limit=1.0, memory_mb=256, output_bytes=4 << 20)
 ALLOWED_ENVIRONMENT = {"PATH", "LANG", "LC_ALL", "HOME", "TMPDIR", "OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS",
                        "MKL_NUM_THREADS", "NUMEXPR_NUM_THREADS", "VECLIB_MAXIMUM_THREADS",
                        "RAYON_NUM_THREADS", "TF_NUM_INTRAOP_THREADS", "LC_CTYPE"}
