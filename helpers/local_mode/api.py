@@ -35,6 +35,9 @@ class SageMakerAPI:
             "DescribeTrainingJob": self.describe_training_job,
             "ListTrainingJobs": self.list_training_jobs,
             "StopTrainingJob": self.stop_training_job,
+            "AddTags": self.add_tags,
+            "ListTags": self.list_tags,
+            "DeleteTags": self.delete_tags,
         }
 
     def __call__(self, model, params, **kwargs):
@@ -70,9 +73,10 @@ class SageMakerAPI:
             )
         now = time.time()
         job = copy.deepcopy(request)
-        job.pop("Tags", None)  # not part of DescribeTrainingJob
+        job["_tags"] = job.pop("Tags", [])  # ListTags answers them; Describe does not show them
         job["AlgorithmSpecification"].setdefault("TrainingInputMode", "File")
         job["ResourceConfig"].setdefault("VolumeSizeInGB", 30)
+        job["OutputDataConfig"].setdefault("KmsKeyId", "")  # Describe always carries it; attach reads it
         job.setdefault("StoppingCondition", {}).setdefault("MaxRuntimeInSeconds", 86400)
         job.setdefault("EnableNetworkIsolation", False)
         job.setdefault("EnableInterContainerTrafficEncryption", False)
@@ -171,6 +175,40 @@ class SageMakerAPI:
         else:
             # Another kernel runs it: it picks the request up within a fraction of a second.
             self.storage.stop_request_path(name).touch()
+        return {}
+
+    # ---- tags (Estimator.attach lists them) ------------------------------------------------------
+    def _job_for_arn(self, arn: str) -> dict:
+        prefix = f"arn:aws:sagemaker:{self.aws.region}:{ACCOUNT_ID}:training-job/"
+        name = arn[len(prefix) :] if arn.startswith(prefix) else None
+        job = next((self.storage.load_job(n) for n in self.storage.job_names() if n.lower() == name), None)
+        if job is None:
+            raise ServiceError(
+                "ValidationException",
+                f"Local mode keeps tags of its own training jobs only; no training job has the ARN {arn}.",
+            )
+        return job
+
+    def _save_tags(self, job: dict) -> None:
+        running = runner.RUNNING.get(job["TrainingJobName"])
+        if running is not None:
+            running.job["_tags"] = job["_tags"]  # the job's thread saves its own copy of the document
+        self.storage.save_job(job)
+
+    def add_tags(self, request: dict) -> dict:
+        job = self._job_for_arn(request["ResourceArn"])
+        keys = {t["Key"] for t in request["Tags"]}
+        job["_tags"] = [t for t in job.get("_tags", []) if t["Key"] not in keys] + request["Tags"]
+        self._save_tags(job)
+        return {"Tags": request["Tags"]}
+
+    def list_tags(self, request: dict) -> dict:
+        return {"Tags": self._job_for_arn(request["ResourceArn"]).get("_tags", [])}
+
+    def delete_tags(self, request: dict) -> dict:
+        job = self._job_for_arn(request["ResourceArn"])
+        job["_tags"] = [t for t in job.get("_tags", []) if t["Key"] not in request["TagKeys"]]
+        self._save_tags(job)
         return {}
 
 

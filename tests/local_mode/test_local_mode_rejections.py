@@ -1,0 +1,70 @@
+"""What SageMaker rejects, local mode rejects, with the service's error codes, as ClientError."""
+
+from __future__ import annotations
+
+import boto3
+import pytest
+from botocore.exceptions import ClientError
+
+ROLE = "arn:aws:iam::123456789012:role/SageMakerLocalExecutionRole"
+IMAGE = "763104351884.dkr.ecr.us-east-1.amazonaws.com/pytorch-training:2.8-gpu-py312"
+
+
+def request(**changes) -> dict:
+    base = dict(
+        TrainingJobName="fixture-rejected",
+        AlgorithmSpecification={"TrainingImage": IMAGE, "TrainingInputMode": "File"},
+        RoleArn=ROLE,
+        OutputDataConfig={"S3OutputPath": "s3://sagemaker-us-east-1-123456789012/out"},
+        ResourceConfig={"InstanceType": "ml.p5.48xlarge", "InstanceCount": 1, "VolumeSizeInGB": 10},
+        StoppingCondition={"MaxRuntimeInSeconds": 600},
+    )
+    base.update(changes)
+    return base
+
+
+@pytest.mark.parametrize(
+    "changes, code, message",
+    [
+        (dict(ResourceConfig={"InstanceType": "ml.p5.48xl", "InstanceCount": 1, "VolumeSizeInGB": 10}),
+         "ValidationException", "Value 'ml.p5.48xl' at 'resourceConfig.instanceType' failed to satisfy constraint"),
+        (dict(ResourceConfig={"InstanceType": "ml.p5.48xlarge", "InstanceCount": 0, "VolumeSizeInGB": 10}),
+         "ValidationException", "at 'resourceConfig.instanceCount'"),
+        (dict(TrainingJobName="bad_name_with_underscores"),
+         "ValidationException", "at 'trainingJobName' failed to satisfy constraint: Member must satisfy regular"),
+        (dict(RoleArn="arn:aws:iam::12345:role/too-short-account"),
+         "ValidationException", "at 'roleArn' failed to satisfy constraint"),
+        (dict(EnableManagedSpotTraining=True),
+         "ValidationException", "MaxWaitTimeInSeconds. It is required for managed spot training"),
+        (dict(EnableManagedSpotTraining=True, StoppingCondition={"MaxRuntimeInSeconds": 600, "MaxWaitTimeInSeconds": 300}),
+         "ValidationException", "greater than or equal to MaxRuntimeInSeconds"),
+    ],
+    ids=["instance-type", "instance-count", "job-name", "role-arn", "spot-no-max-wait", "spot-max-wait-short"],
+)  # fmt: skip
+def test_create_training_job_rejections(local_session, changes, code, message):
+    client = boto3.client("sagemaker")
+    with pytest.raises(ClientError) as raised:
+        client.create_training_job(**request(**changes))
+    assert raised.value.response["Error"]["Code"] == code
+    assert message in raised.value.response["Error"]["Message"]
+    assert raised.value.response["ResponseMetadata"]["HTTPStatusCode"] == 400
+    # Nothing was created.
+    assert client.list_training_jobs()["TrainingJobSummaries"] == []
+
+
+def test_name_in_use_and_unknown_job(local_session, fixture_code, role):
+    from sagemaker.pytorch import PyTorch
+
+    estimator = PyTorch(
+        entry_point="fixture_train.py", source_dir=str(fixture_code), role=role, instance_type="ml.m5.xlarge",
+        instance_count=1, framework_version="2.8.0", py_version="py312", sagemaker_session=local_session,
+        hyperparameters={"steps": 1},
+    )  # fmt: skip
+    estimator.fit(job_name="fixture-in-use", logs=False)
+    client = local_session.sagemaker_client
+    with pytest.raises(client.exceptions.ResourceInUse, match="a training job with this name already exists"):
+        client.create_training_job(**request(TrainingJobName="fixture-in-use"))
+    with pytest.raises(ClientError, match="Requested resource not found"):
+        client.describe_training_job(TrainingJobName="fixture-never-created")
+    with pytest.raises(ClientError, match="needs SageMaker"):
+        client.list_endpoints()
