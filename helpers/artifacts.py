@@ -52,5 +52,7 @@ def model_as_channel(session, model_data: str, dest_uri: str, workdir: str | Pat
 def load_model(path: str | Path):
     """Load a downloaded model folder with transformers (a check that the artifact is usable)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging as transformers_logging
 
+    transformers_logging.disable_progress_bar()
     return AutoModelForCausalLM.from_pretrained(str(path)), AutoTokenizer.from_pretrained(str(path))

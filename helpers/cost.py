@@ -66,7 +66,7 @@ class Price:
     source: str  # where the figure comes from, said next to it
 
 
-@dataclass
+@dataclass(repr=False)
 class CostEstimate:
     instance_type: str
     instance_count: int
@@ -107,6 +107,8 @@ class CostEstimate:
 
     def __str__(self) -> str:
         return "Cost estimate\n  " + "\n  ".join(self.lines())
+
+    __repr__ = __str__  # what a notebook without Markdown rendering (papermill's text) shows
 
     def _repr_markdown_(self) -> str:
         return "**Cost estimate**\n\n" + "\n".join(f"- {line}" for line in self.lines())

@@ -34,7 +34,11 @@ def estimator_request(estimator, inputs=None, job_name: str | None = None) -> di
 
 def session_request(session, train_args: dict) -> dict:
     """The CreateTrainingJob request ``session.train(**train_args)`` sends (nothing is launched)."""
-    return session._get_train_request(**train_args)
+    import inspect
+
+    arguments = inspect.signature(session.train).bind(**train_args)
+    arguments.apply_defaults()  # the request builder takes every argument train() defaults
+    return session._get_train_request(**arguments.arguments)
 
 
 def record_requests(client, on_request: Callable[[dict], None]) -> Callable:
@@ -83,7 +87,7 @@ def summary_lines(request: dict) -> list[str]:
     script_options = sorted(k for k in hyperparameters if not k.startswith("sagemaker_"))
     lines.append(f"Script options: {', '.join(script_options)}")
     lines.append(f"Environment: {', '.join(sorted(request.get('Environment', {}) or {}))}")
-    lines.append(f"Metrics: {', '.join(m['Name'] for m in request.get('MetricDefinitions', []) or [])}")
+    lines.append(f"Metrics: {', '.join(m['Name'] for m in algorithm.get('MetricDefinitions', []) or [])}")
     return lines
 
 

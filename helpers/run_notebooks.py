@@ -31,8 +31,8 @@ NOTEBOOK_DIR = REPO / "notebooks"
 CI_COMMON = {"run_mode": "local"}
 CI_PARAMETERS = {
     "00": {"model_id": "tiny", "data_source": "offline", "n_train": 32, "n_test": 8},
-    "01": {"max_steps": 4, "batch_size": 2, "max_length": 128},
-    "02": {"max_steps": 4, "batch_size": 2, "max_length": 128},
+    "01": {"max_steps": 4, "batch_size": 2, "per_device_batch_size": 1, "max_length": 128},
+    "02": {"max_steps": 4, "batch_size": 2, "per_device_batch_size": 1, "max_prompt_length": 64, "max_length": 128},
     "03": {"max_steps": 3, "batch_size": 2, "num_generations": 4, "max_new_tokens": 24},
     "04": {"max_steps": 2, "batch_size": 2, "num_generations": 2, "max_new_tokens": 48},
     "05": {"max_steps": 6, "batch_size": 2, "num_generations": 2, "max_new_tokens": 16,
@@ -74,7 +74,6 @@ def prepare_environment(out: Path) -> dict:
 
 def run(out: Path, only: list[str] | None = None, cell_timeout: int = 900) -> dict:
     import papermill
-    from papermill.exceptions import PapermillExecutionError
 
     out = out.resolve()
     (out / "notebooks").mkdir(parents=True, exist_ok=True)
@@ -97,11 +96,11 @@ def run(out: Path, only: list[str] | None = None, cell_timeout: int = 900) -> di
                 execution_timeout=cell_timeout,
             )
             entry["status"] = "ok"
-        except PapermillExecutionError as error:
-            entry.update(status="failed", cell=_failing_cell(executed, error.exec_count),
-                         error=f"{error.ename}: {error.evalue}"[:2000])
-        except Exception as error:  # the kernel died, a timeout, a bad notebook file
-            entry.update(status="failed", cell=None, error=f"{type(error).__name__}: {error}"[:2000])
+        except Exception as error:  # a cell raised, the kernel died, a timeout, a bad notebook file
+            ename = getattr(error, "ename", None) or type(error).__name__
+            evalue = getattr(error, "evalue", None) or str(error).strip()
+            entry.update(status="failed", cell=_failing_cell(executed, getattr(error, "exec_count", None)),
+                         error=f"{ename}: {evalue}"[:2000])
         entry["seconds"] = round(time.monotonic() - started, 1)
         results.append(entry)
         line = f"[{index}/{len(selected)}] {notebook.name} {entry['status']} ({entry['seconds']:.0f} s)"
@@ -117,18 +116,23 @@ def run(out: Path, only: list[str] | None = None, cell_timeout: int = 900) -> di
 
 
 def _failing_cell(executed: Path, exec_count) -> str:
-    """'cell N (execution count K): first line of its source' for the failing cell."""
+    """'cell N: first code line' for the failing cell: the one with an error output, the one with
+    ``exec_count``, or else the first code cell that did not run."""
     try:
         import nbformat
 
         nb = nbformat.read(str(executed), as_version=4)
-        for number, cell in enumerate(nb.cells):
-            if cell.cell_type == "code" and cell.get("execution_count") == exec_count:
-                first = next((line for line in cell.source.splitlines() if line.strip()), "")
-                return f"cell {number} (execution count {exec_count}): {first[:100]}"
     except Exception:
-        pass
-    return f"execution count {exec_count}"
+        return f"execution count {exec_count}"
+    code_cells = [(n, c) for n, c in enumerate(nb.cells) if c.cell_type == "code"]
+    found = (next(((n, c) for n, c in code_cells if any(o.get("output_type") == "error" for o in c.get("outputs", []))), None)
+             or next(((n, c) for n, c in code_cells if exec_count is not None and c.get("execution_count") == exec_count), None)
+             or next(((n, c) for n, c in code_cells if c.get("execution_count") is None), None))
+    if found is None:
+        return f"execution count {exec_count}"
+    number, cell = found
+    lines = [line for line in cell.source.splitlines() if line.strip() and not line.startswith("#")]
+    return f"cell {number}: {lines[0][:100] if lines else ''}"
 
 
 def build_summary(results: list[dict], state_file: Path, out: Path) -> dict:

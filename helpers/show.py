@@ -18,7 +18,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 
 
-@dataclass
+@dataclass(repr=False)
 class Excerpt:
     path: Path
     first_line: int  # 1-based
@@ -35,6 +35,8 @@ class Excerpt:
     def __str__(self) -> str:
         return f"# {self.header}\n{self.text}"
 
+    __repr__ = __str__
+
 
 def _relative(path: Path) -> str:
     try:
@@ -44,13 +46,13 @@ def _relative(path: Path) -> str:
 
 
 def _resolve(script: str | Path) -> Path:
-    path = Path(script)
-    if not path.is_absolute():
-        path = REPO / path
-    if not path.is_file():
-        raise FileNotFoundError(f"No script at {path}: give a path relative to the repository root, "
-                                f"such as 'scripts/sft.py'.")
-    return path
+    """``script`` as given (absolute, or relative to the working directory, as in a notebook:
+    ``../scripts/sft.py``), else relative to the repository root (``scripts/sft.py``)."""
+    for path in (Path(script), REPO / script):
+        if path.is_file():
+            return path
+    raise FileNotFoundError(f"No script at {script}: give a path relative to the working directory "
+                            f"('../scripts/sft.py' from notebooks/) or to the repository root ('scripts/sft.py').")
 
 
 def find_definition(script: str | Path, name: str) -> Excerpt:
@@ -99,23 +101,22 @@ def find_region(script: str | Path, start: str, end: str | None = None) -> Excer
 
 
 def show(script: str | Path, name: str | None = None, *, start: str | None = None,
-         end: str | None = None) -> Excerpt:
-    """Display (and return) a definition by ``name`` or a region by ``start``/``end`` markers."""
+         end: str | None = None) -> None:
+    """Display a definition by ``name`` or a region by ``start``/``end`` markers
+    (``find_definition``/``find_region`` return the excerpt instead)."""
     if (name is None) == (start is None):
         raise ValueError("Give either the name of a function/class or start= (and optionally end=).")
-    excerpt = find_definition(script, name) if name else find_region(script, start, end)
-    _display(excerpt)
-    return excerpt
+    _display(find_definition(script, name) if name else find_region(script, start, end))
 
 
 def _display(excerpt: Excerpt) -> None:
     try:
         from IPython import get_ipython
-        from IPython.display import Markdown, display
+        from IPython.display import display
     except ImportError:
         print(excerpt)
         return
     if get_ipython() is None:
         print(excerpt)
     else:
-        display(Markdown(excerpt._repr_markdown_()))
+        display(excerpt)  # Markdown where rendered, the plain text elsewhere

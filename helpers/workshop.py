@@ -38,11 +38,10 @@ class State:
             return {}
         return json.loads(self.path.read_text(encoding="utf-8"))
 
-    def update(self, **entries) -> dict:
+    def update(self, **entries) -> None:
         state = self.load()
         state.update(entries)
         self._write(state)
-        return state
 
     def _write(self, state: dict) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -126,6 +125,7 @@ def start(notebook: str, run_mode: str = "auto", region: str | None = None, role
     """Open the session for ``run_mode`` (``helpers.session.make_session``) and say where everything goes."""
     from helpers.session import describe_mode, execution_role, make_session
 
+    _plain_tracebacks()
     try:
         session = make_session(run_mode=run_mode, region=region, default_bucket=bucket)
         role = role or execution_role(session)
@@ -144,3 +144,25 @@ def start(notebook: str, run_mode: str = "auto", region: str | None = None, role
     print("\n".join([describe_mode(session), f"role: {role}", f"bucket: s3://{bucket}",
                       f"state file: {workshop.state.path}"]))
     return workshop
+
+
+def _plain_tracebacks() -> None:
+    """Undo the rich traceback hook that importing the SageMaker SDK (sagemaker_core) installs.
+
+    With it, a failing cell shows a picture of the error instead of an error: papermill, nbval
+    and the main job's summary then cannot say which exception was raised. IPython's own
+    methods come back by deleting the instance attributes that shadow them.
+    """
+    import sys
+
+    import sagemaker  # noqa: F401  (the import installs the hook; undo it after)
+
+    sys.excepthook = sys.__excepthook__
+    try:
+        from IPython import get_ipython
+    except ImportError:
+        return
+    shell = get_ipython()
+    if shell is not None:
+        for name in ("_showtraceback", "showtraceback", "showsyntaxerror"):
+            shell.__dict__.pop(name, None)

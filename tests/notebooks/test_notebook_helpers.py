@@ -1,0 +1,303 @@
+"""The notebook-side helpers on their own: metric lines, cost, launch errors, excerpts, requests, live view."""
+
+from __future__ import annotations
+
+import json
+import math
+import textwrap
+
+import pytest
+from botocore.exceptions import ClientError, NoCredentialsError
+
+from helpers import cost, errors, job_request, live, metrics, show
+
+# --------------------------------------------------------------------------- metrics
+
+def test_metric_lines_parse_as_the_scripts_print_them():
+    line = "step=12 loss=0.4312 lr=1.2e-05 grad_norm=-3 tokens=120"
+    assert metrics.parse_metric_line(line) == {"step": 12, "loss": 0.4312, "lr": 1.2e-05, "grad_norm": -3.0,
+                                               "tokens": 120.0}
+    # CloudWatch lines may carry a prefix (torchrun's rank tag); other key=value lines are not ours
+    assert metrics.parse_metric_line("[1,0]<stdout>:step=3 reward=0.5")["reward"] == 0.5
+    assert metrics.parse_metric_line("progress: step 12/100 (12%)") is None
+    assert metrics.parse_metric_line("step=3 mode=fast") is None
+
+
+def test_metric_definitions_read_the_same_values():
+    import re
+
+    definitions = metrics.metric_definitions("loss", "lr")
+    line = "step=7 loss=1.5e-03 lr=0.0002"
+    values = {d["Name"]: float(re.search(d["Regex"], line).group(1)) for d in definitions}
+    assert values == {"loss": 1.5e-03, "lr": 0.0002}
+    with pytest.raises(ValueError, match="a-z0-9_"):
+        metrics.metric_definitions("Loss/train")
+
+
+def test_latest_keeps_the_last_value_of_each_metric():
+    records = [{"step": 1, "loss": 2.0, "accuracy": 0.1}, {"step": 2, "loss": 1.0}]
+    assert metrics.latest(records) == {"step": 2, "loss": 1.0, "accuracy": 0.1}
+    assert metrics.all_finite(records)
+    assert not metrics.all_finite([{"step": 1, "loss": math.nan}])
+
+
+# --------------------------------------------------------------------------- cost
+
+def test_cost_estimate_multiplies_price_count_and_max_run():
+    estimate = cost.estimate("ml.p5.48xlarge", 2, 3 * 3600, use_spot=True, max_wait_seconds=6 * 3600,
+                             ask_pricing_api=False)
+    rate = cost.ON_DEMAND_USD_PER_HOUR["ml.p5.48xlarge"]
+    assert estimate.on_demand_ceiling == pytest.approx(rate * 2 * 3)
+    low, high = estimate.spot_range
+    assert low < high < estimate.on_demand_ceiling
+    text = str(estimate)
+    assert cost.PRICE_TABLE_DATE in text and "approximate" in text and "managed spot" in text
+
+
+def test_pricing_api_without_credentials_falls_back_quickly(monkeypatch, tmp_path):
+    import time
+
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    started = time.monotonic()
+    price = cost.price_for("ml.g5.12xlarge", "us-east-1")
+    assert time.monotonic() - started < 10
+    assert price.usd_per_hour == cost.ON_DEMAND_USD_PER_HOUR["ml.g5.12xlarge"]
+    assert "Pricing API not used" in price.source and "NoCredentialsError" in price.source
+
+
+def test_unknown_instance_type_names_the_table():
+    with pytest.raises(KeyError, match="ON_DEMAND_USD_PER_HOUR"):
+        cost.estimate("ml.x9.huge", ask_pricing_api=False)
+
+
+# --------------------------------------------------------------------------- launch errors
+
+def _client_error(code: str, message: str) -> ClientError:
+    return ClientError({"Error": {"Code": code, "Message": message}}, "CreateTrainingJob")
+
+
+def test_zero_quota_is_explained_with_the_quota_to_raise():
+    error = _client_error("ResourceLimitExceeded", "The account-level service limit 'ml.p5.48xlarge for training "
+                          "job usage' is 0 Instances, with current utilization of 0 Instances and a request delta "
+                          "of 2 Instances.")
+    with pytest.raises(errors.LaunchError) as raised:
+        with errors.explain_launch_errors("ml.p5.48xlarge", 2, "us-east-1"):
+            raise error
+    message = str(raised.value)
+    assert "it is 0" in message and "Service Quotas" in message and "ml.p5.48xlarge for training job usage" in message
+    assert raised.value.__cause__ is error
+
+
+@pytest.mark.parametrize("error, expected", [
+    (_client_error("CapacityError", "Unable to provision requested ML compute capacity."), "no free ml.p5.48xlarge capacity"),
+    (_client_error("ValidationException", "Could not assume role arn:aws:iam::1:role/x"), "iam:PassRole"),
+    (NoCredentialsError(), "run_mode='local'"),
+])
+def test_known_launch_errors_get_a_fix(error, expected):
+    assert expected in errors.explain(error, "ml.p5.48xlarge", 2, "us-east-1")
+
+
+def test_unknown_errors_pass_through_untouched():
+    with pytest.raises(ZeroDivisionError):
+        with errors.explain_launch_errors("ml.p5.48xlarge"):
+            1 / 0  # noqa: B018
+
+
+def test_failed_job_with_capacity_error_is_explained():
+    guidance = errors.explain_failure({"FailureReason": "CapacityError: Unable to provision requested ML compute "
+                                       "capacity.", "ResourceConfig": {"InstanceType": "ml.p5.48xlarge"}})
+    assert "capacity" in guidance and "ml.p5.48xlarge" in guidance
+
+
+# --------------------------------------------------------------------------- excerpts
+
+SCRIPT = textwrap.dedent('''
+    import torch
+
+
+    def loss_fn(x):
+        """The loss."""
+        return x.sum()
+
+
+    class Trainer:
+        @staticmethod
+        def step(batch):
+            for item in batch:
+                item.backward()
+            return len(batch)
+''')
+
+
+def test_show_finds_functions_methods_and_regions(tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text(SCRIPT)
+    excerpt = show.find_definition(script, "loss_fn")
+    assert excerpt.text.startswith("def loss_fn(x):") and excerpt.text.endswith("return x.sum()")
+    assert excerpt.first_line == 5
+    method = show.find_definition(script, "Trainer.step")
+    assert method.text.lstrip().startswith("@staticmethod") and "return len(batch)" in method.text
+    region = show.find_region(script, "for item in", ".backward()")
+    assert region.text.splitlines() == ["        for item in batch:", "            item.backward()"]
+    block = show.find_region(script, "for item in")
+    assert block.text.endswith("item.backward()")
+
+
+def test_show_names_what_exists_when_a_name_is_wrong(tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text(SCRIPT)
+    with pytest.raises(LookupError, match="Trainer, loss_fn"):
+        show.find_definition(script, "grpo_loss")
+    with pytest.raises(FileNotFoundError, match="scripts/sft.py"):
+        show.find_definition(tmp_path / "missing.py", "x")
+
+
+def test_show_reads_the_real_scripts():
+    assert "def grpo_loss" in show.find_definition("scripts/grpo.py", "grpo_loss").text
+
+
+# --------------------------------------------------------------------------- requests
+
+REQUEST = {
+    "TrainingJobName": "grpo-1",
+    "AlgorithmSpecification": {"TrainingImage": "img:1", "TrainingInputMode": "File",
+                               "MetricDefinitions": metrics.metric_definitions("reward")},
+    "RoleArn": "arn:aws:iam::123456789012:role/r",
+    "HyperParameters": {"sagemaker_program": '"grpo.py"', "sagemaker_torch_distributed_enabled": "true",
+                        "sagemaker_submit_directory": '"s3://b/code.tar.gz"', "max_steps": "3"},
+    "InputDataConfig": [{"ChannelName": "train", "DataSource": {"S3DataSource": {
+        "S3DataType": "S3Prefix", "S3Uri": "s3://b/data/train"}}}],
+    "OutputDataConfig": {"S3OutputPath": "s3://b/jobs"},
+    "ResourceConfig": {"InstanceType": "ml.p5.48xlarge", "InstanceCount": 2, "VolumeSizeInGB": 300},
+    "StoppingCondition": {"MaxRuntimeInSeconds": 3600, "MaxWaitTimeInSeconds": 7200},
+    "CheckpointConfig": {"S3Uri": "s3://b/ckpt", "LocalPath": "/opt/ml/checkpoints"},
+    "EnableManagedSpotTraining": True,
+    "EnableNetworkIsolation": True,
+}
+
+
+def test_summary_lists_the_fields_that_decide_the_job():
+    lines = job_request.summary_lines(REQUEST)
+    assert "InstanceType: ml.p5.48xlarge" in lines and "InstanceCount: 2" in lines
+    assert "EnableManagedSpotTraining: True" in lines and "EnableNetworkIsolation: True" in lines
+    assert "CheckpointConfig: s3://b/ckpt -> /opt/ml/checkpoints" in lines
+    assert "sagemaker_torch_distributed_enabled: true" in lines
+    assert "Script options: max_steps" in lines and "Metrics: reward" in lines
+    assert lines[-1].startswith("Metrics") and lines[0] == "TrainingJobName: grpo-1"
+
+
+def test_record_requests_sees_exactly_what_the_client_sends():
+    import boto3
+    from botocore.stub import Stubber
+
+    client = boto3.client("sagemaker", region_name="us-east-1", aws_access_key_id="x", aws_secret_access_key="y")
+    seen = []
+    job_request.record_requests(client, seen.append)
+    with Stubber(client) as stub:
+        stub.add_response("create_training_job", {"TrainingJobArn": "arn:aws:sagemaker:us-east-1:1:training-job/grpo-1"},
+                          {k: v for k, v in REQUEST.items()})
+        client.create_training_job(**REQUEST)
+    assert seen == [json.loads(json.dumps(REQUEST))]
+
+
+# --------------------------------------------------------------------------- live view
+
+class _FakeLogs:
+    class exceptions:
+        class ResourceNotFoundException(Exception):
+            pass
+
+    def __init__(self, batches):
+        self.batches = batches  # one list of messages per describe_log_streams call
+        self.calls = 0
+        self.pending: list[str] = []
+
+    def describe_log_streams(self, **_):
+        if self.calls < len(self.batches):
+            self.pending = self.batches[self.calls]
+        self.calls += 1
+        return {"logStreams": [{"logStreamName": "job/algo-1-1"}]}
+
+    def get_log_events(self, **_):
+        events, self.pending = [{"message": m} for m in self.pending], []
+        return {"events": events, "nextForwardToken": f"t{self.calls}"}
+
+
+class _FakeSession:
+    boto_region_name = "us-east-1"
+
+    def __init__(self, statuses, log_batches, failure=None):
+        statuses = list(statuses)
+        logs = _FakeLogs(log_batches)
+
+        class SageMaker:
+            def describe_training_job(self, TrainingJobName):
+                status = statuses.pop(0) if len(statuses) > 1 else statuses[0]
+                return {"TrainingJobName": TrainingJobName, "TrainingJobStatus": status[0],
+                        "SecondaryStatus": status[1], "FailureReason": failure,
+                        "ResourceConfig": {"InstanceType": "ml.p5.48xlarge", "InstanceCount": 1},
+                        "SecondaryStatusTransitions": [{"Status": status[1], "StatusMessage": "msg"}]}
+
+        class Boto:
+            def client(self, name, **_):
+                assert name == "logs"
+                return logs
+
+        self.sagemaker_client, self.boto_session = SageMaker(), Boto()
+
+
+def test_watch_follows_a_job_to_completion_in_plain_text(capsys):
+    session = _FakeSession(
+        [("InProgress", "Starting"), ("InProgress", "Training"), ("Completed", "Completed")],
+        [["toolkit starting"], ["step=1 loss=2.0", "step=2 loss=1.5"], ["step=3 loss=1.0", "done"]])
+    result = live.watch(session, "job", max_steps=3, poll_seconds=0.01, widgets=False)
+    assert result.status == "Completed"
+    assert [r["step"] for r in result.records] == [1, 2, 3] and result.final_metrics["loss"] == 1.0
+    out = capsys.readouterr().out
+    assert "[job] InProgress / Training" in out and "step 3/3 loss=1" in out and "[job] Completed" in out
+
+
+def test_watch_keeps_the_later_value_of_a_step_logged_twice():
+    session = _FakeSession([("InProgress", "Training"), ("Completed", "Completed")],
+                           [["step=1 loss=2.0", "step=2 loss=1.5"], ["step=2 loss=1.4", "step=3 loss=1.0"]])
+    result = live.watch(session, "job", max_steps=3, poll_seconds=0.01, widgets=False)
+    assert [(r["step"], r["loss"]) for r in result.records] == [(1, 2.0), (2, 1.4), (3, 1.0)]
+
+
+def test_watch_raises_with_the_reason_and_the_fix_when_the_job_fails():
+    session = _FakeSession([("Failed", "Failed")], [["Traceback...", "ValueError: bad row"]],
+                           failure="CapacityError: Unable to provision requested ML compute capacity.")
+    with pytest.raises(live.JobFailed, match="(?s)CapacityError.*retry later.*ValueError: bad row"):
+        live.watch(session, "job", poll_seconds=0.01, widgets=False)
+
+
+def test_widgets_are_off_outside_a_jupyter_front_end(monkeypatch):
+    monkeypatch.delenv("NOTEBOOK_PLAIN_OUTPUT", raising=False)
+    assert live.use_widgets() is False  # pytest is no Jupyter front end
+    monkeypatch.setenv("NOTEBOOK_PLAIN_OUTPUT", "0")
+    assert live.use_widgets() is True
+
+
+# --------------------------------------------------------------------------- main-job summary
+
+def test_summary_names_the_failing_notebook_and_cell(tmp_path):
+    from helpers import run_notebooks
+
+    results = [{"notebook": "00_setup_and_data.ipynb", "status": "ok", "seconds": 3.0},
+               {"notebook": "01_estimator_sft.ipynb", "status": "failed", "seconds": 5.0,
+                "cell": "cell 7: show(...)", "error": "LookupError: no 'x'"}]
+    state = tmp_path / "state.json"
+    state.write_text(json.dumps({"jobs": [{"notebook": "01", "job_name": "sft-1", "status": "Completed",
+                                           "final_metrics": {"step": 4, "loss": 1.25}}],
+                                 "evaluation": {"base": {"accuracy": 0.25, "examples": 8, "job_name": "e1"},
+                                                "trained": {"accuracy": 0.5, "examples": 8, "job_name": "e2"}}}))
+    summary = run_notebooks.build_summary(results, state, tmp_path)
+    text = run_notebooks.render_markdown(summary)
+    assert not summary["ok"]
+    assert "01_estimator_sft.ipynb: failed" in text and "cell 7: show(...)" in text and "LookupError" in text
+    assert "sft-1 -- Completed; last step 4: loss=1.25" in text
+    assert "base: accuracy 0.250" in text and "trained: accuracy 0.500" in text
