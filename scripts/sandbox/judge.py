@@ -92,12 +92,12 @@ def classify(answer: dict, stdout: bytes, result: bytes, test: dict, problem: di
         outcome.verdict, outcome.detail = "judge_error", answer.get("stderr", "")
     elif header_signal == signal.SIGSYS:
         outcome.verdict = "sandbox_violation"
+    elif code == EXIT_MEMORY:  # the program ended on MemoryError, however long it took to get there
+        outcome.verdict = "memory_limit"
     elif answer["timed_out"] or header_signal == signal.SIGXCPU or answer["cpu"] > limits.time_limit:
         outcome.verdict = "time_limit"
     elif header_signal == signal.SIGXFSZ or answer["stdout_bytes"] >= limits.output_bytes:
         outcome.verdict = "output_limit"
-    elif code == EXIT_MEMORY:
-        outcome.verdict = "memory_limit"
     elif code != 0:
         outcome.verdict = "runtime_error"
         outcome.detail = f"signal {signal.Signals(header_signal).name}" if header_signal else f"exit code {code}"

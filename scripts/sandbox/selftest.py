@@ -48,7 +48,7 @@ def attacks(marker_dir: str, secret_file: str, port: int, trainer_pid: int) -> l
         Attack("fork bomb", "import os\nwhile True:\n    os.fork()\n",
                ("sandbox_violation", "runtime_error", "time_limit"), ("seccomp", "uid")),
         Attack("memory bomb", "blocks = []\nwhile True:\n    blocks.append(bytearray(32 << 20))\n",
-               ("memory_limit",), ("rlimits",)),
+               ("memory_limit", "time_limit"), ("rlimits",)),  # a slow machine may hit the clock first
         Attack("300 MB print", "import sys\nline = 'x' * (1 << 20)\nfor _ in range(300):\n"
                "    sys.stdout.write(line)\n", ("output_limit",), ("rlimits",)),
         Attack("file bomb", "with open('big.bin', 'wb') as f:\n    for _ in range(300):\n"

@@ -1,0 +1,19 @@
+"""code_rl.py and its environment import their siblings as top-level modules, as in the container."""
+
+import sys
+from pathlib import Path
+
+import pytest
+
+SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
+if str(SCRIPTS) not in sys.path:
+    sys.path.insert(0, str(SCRIPTS))
+
+
+@pytest.fixture(scope="module")
+def code_sandbox():
+    """Two fork servers with every layer this machine has."""
+    from sandbox import Limits, Sandbox
+
+    with Sandbox(workers=2, limits=Limits(time_limit=1.0, wall_limit=2.0)) as box:
+        yield box

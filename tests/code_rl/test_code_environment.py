@@ -1,0 +1,168 @@
+"""The code environment: public data layouts, program extraction, judging and rewards."""
+
+import base64
+import json
+import os
+import pickle
+import zlib
+
+import pytest
+from common.contract import UserError
+from environments.code import CodeEnvironment, extract_program, local_judge, normalize_problem, verdict_stats
+
+from helpers.offline_data import code_problem_records, write_jsonl
+
+# --------------------------------------------------------------------------- layouts
+
+CODE_CONTESTS = {
+    "name": "1548_A. Sum", "description": "Print a + b.",
+    "public_tests": {"input": ["1 2\n"], "output": ["3\n"]},
+    "private_tests": {"input": ["5 5\n"], "output": ["10\n"]},
+    "generated_tests": {"input": ["0 0\n", "-1 1\n"], "output": ["0\n", "0\n"]},
+    "difficulty": 7, "solutions": {"language": [3], "solution": ["print(sum(map(int, input().split())))"]},
+}
+APPS_STDIN = {"problem_id": 12, "question": "Print a + b.", "starter_code": "",
+              "input_output": json.dumps({"inputs": ["1 2\n", ["3 4"]], "outputs": ["3\n", ["7"]]})}
+APPS_CALL = {"problem_id": 13, "question": "Return the sum of a list.", "starter_code": "def total(xs):\n",
+             "input_output": json.dumps({"fn_name": "total", "inputs": [[[1, 2, 3]], [[]]], "outputs": [[6], [0]]})}
+
+
+def livecodebench_row(private_cases, functional=False):
+    if functional:
+        public = [{"input": "[1, 2]\n3", "output": "6", "testtype": "functional"}]
+    else:
+        public = [{"input": "1 2\n", "output": "3\n", "testtype": "stdin"}]
+    return {"question_id": "abc123_a", "question_title": "Sum", "question_content": "Add them.",
+            "platform": "atcoder", "starter_code": "", "public_test_cases": json.dumps(public),
+            "private_test_cases": private_cases,
+            "metadata": json.dumps({"func_name": "add"} if functional else {})}
+
+
+def test_code_contests_layout_keeps_every_split():
+    problem = normalize_problem(CODE_CONTESTS)
+    assert problem["id"] == "1548_A. Sum" and problem["testtype"] == "stdin"
+    assert [t["output"] for t in problem["tests"]] == ["3\n", "10\n", "0\n", "0\n"]
+
+
+def test_apps_layouts_stdin_and_call_based():
+    stdin = normalize_problem(APPS_STDIN)
+    assert stdin["tests"] == [{"input": "1 2\n", "output": "3\n"}, {"input": "3 4\n", "output": "7\n"}]
+    call = normalize_problem(APPS_CALL)
+    assert call["testtype"] == "functional" and call["fn_name"] == "total"
+    # APPS wraps each return value in a one-element list; the argument list is kept as it is.
+    assert call["tests"] == [{"input": "[[1, 2, 3]]", "output": "6"}, {"input": "[[]]", "output": "0"}]
+
+
+def test_livecodebench_json_and_compressed_private_tests():
+    private = [{"input": "5 5\n", "output": "10\n", "testtype": "stdin"}]
+    plain = normalize_problem(livecodebench_row(json.dumps(private)))
+    # The layout LiveCodeBench ships: base64(zlib(pickle(json text))); read without unpickling.
+    packed = base64.b64encode(zlib.compress(pickle.dumps(json.dumps(private)))).decode()
+    compressed = normalize_problem(livecodebench_row(packed))
+    assert plain["tests"] == compressed["tests"] == [{"input": "1 2\n", "output": "3\n"},
+                                                      {"input": "5 5\n", "output": "10\n"}]
+    functional = normalize_problem(livecodebench_row("[]", functional=True))
+    assert functional["fn_name"] == "add" and functional["tests"] == [{"input": "[[1, 2], 3]", "output": "6"}]
+
+
+class _RunsCommand:
+    def __init__(self, path):
+        self.path = path
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.path}",))
+
+
+def test_a_pickle_that_runs_code_is_refused_not_unpickled(tmp_path):
+    marker = tmp_path / "pwned"
+    packed = base64.b64encode(zlib.compress(pickle.dumps(_RunsCommand(marker)))).decode()
+    with pytest.raises(ValueError, match="refusing to unpickle"):
+        normalize_problem(livecodebench_row(packed))
+    assert not marker.exists()
+
+
+def test_load_names_the_file_line_and_problem(tmp_path):
+    path = write_jsonl(tmp_path / "train.jsonl", [CODE_CONTESTS, APPS_CALL, {"statement": "x", "tests": []}])
+    with pytest.raises(UserError, match=r"train.jsonl, line 3: field 'tests' must be a non-empty list"):
+        CodeEnvironment().load(path)
+    path = write_jsonl(tmp_path / "odd.jsonl", [{"prompt": "hello"}])
+    with pytest.raises(UserError, match=r"line 1: unknown problem layout"):
+        CodeEnvironment().load(path)
+
+
+def test_load_reads_the_project_data_and_caps_tests(tmp_path):
+    path = write_jsonl(tmp_path / "train.jsonl", code_problem_records(10) + [CODE_CONTESTS])
+    problems = CodeEnvironment(max_tests=2).load(path)
+    assert len(problems) == 11 and all(len(p["tests"]) == 2 for p in problems)
+    assert {p["testtype"] for p in problems} == {"stdin", "functional"}
+    messages = CodeEnvironment().prompt_messages(problems[4])
+    assert "solve" in messages[-1]["content"] and "```python" in messages[0]["content"]
+
+
+# --------------------------------------------------------------------------- programs and rewards
+
+def test_the_program_is_the_last_fenced_block():
+    text = "First try:\n```python\nprint(1)\n```\nBetter:\n```py\nprint(2)\n```\nDone."
+    assert extract_program(text) == "print(2)\n"
+    assert extract_program("no code here") is None
+    assert extract_program("```python\nprint(3)\n") is None  # cut off before the closing fence
+    assert extract_program("```\nx = 1\n```") == "x = 1\n"
+
+
+SUM_PROBLEM = {"id": "sum", "statement": "a+b", "testtype": "stdin", "float_tolerance": False,
+               "tests": [{"input": "1 2\n", "output": "3\n"}, {"input": "5 -5\n", "output": "0\n"},
+                         {"input": "7 1\n", "output": "8\n"}]}
+FUNCTION_PROBLEM = normalize_problem(code_problem_records(5)[4])  # solve(a, b) = a * b + a
+
+
+def fenced(program):
+    return f"Here it is:\n```python\n{program}```\n"
+
+
+def test_score_verdicts_and_fraction_rewards(code_sandbox):
+    stats = []
+    env = CodeEnvironment(local_judge(code_sandbox), "fraction", on_scored=stats.append)
+    completions = [
+        fenced("a, b = map(int, input().split())\nprint(a + b)\n"),
+        fenced("a, b = map(int, input().split())\nprint(a + b if a != 5 else 1)\n"),   # 2 of 3
+        "I would add the numbers.",
+        fenced("while True:\n    pass\n"),
+        fenced("class Solution:\n    def solve(self, a, b):\n        return a * b + a\n"),
+        fenced("def solve(a, b):\n    return a * b\n"),
+    ]
+    examples = [SUM_PROBLEM] * 4 + [FUNCTION_PROBLEM] * 2
+    scores = env.score(examples, completions)
+    assert [s["verdict"] for s in scores] == ["accepted", "wrong_answer", "no_code", "time_limit", "accepted",
+                                              "wrong_answer"]
+    assert [s["reward"] for s in scores[:4]] == [1.0, pytest.approx(2 / 3), 0.0, 0.0]
+    assert scores[0]["correct"] and not scores[1]["correct"]
+    assert [s["format_reward"] for s in scores[:3]] == [1.0, 1.0, 0.0]
+    assert stats[0]["accepted_rate"] == pytest.approx(2 / 6) and stats[0]["no_code_rate"] == pytest.approx(1 / 6)
+    assert stats[0]["time_limit_rate"] == pytest.approx(1 / 6)
+
+
+def test_all_or_nothing_stops_at_the_first_failure(code_sandbox):
+    program = "a, b = map(int, input().split())\nprint(a + b if a != 1 else 0)\n"  # fails the first test
+    judgement = code_sandbox.judge(SUM_PROBLEM, program, reward_mode="all_or_nothing")
+    assert judgement.reward == 0.0 and judgement.verdict == "wrong_answer"
+    assert len(judgement.outcomes) == 1 and judgement.total == 3
+    fraction = code_sandbox.judge(SUM_PROBLEM, program, reward_mode="fraction")
+    assert fraction.reward == pytest.approx(2 / 3) and len(fraction.outcomes) == 3
+    good = code_sandbox.judge(SUM_PROBLEM, "print(sum(map(int, input().split())))\n", reward_mode="all_or_nothing")
+    assert good.reward == 1.0 and good.verdict == "accepted"
+
+
+def test_float_problems_accept_small_errors_only(code_sandbox):
+    problem = {"testtype": "stdin", "float_tolerance": True, "tests": [{"input": "", "output": "0.333333\n"}]}
+    assert code_sandbox.judge(problem, "print(1/3)\n").verdict == "accepted"
+    assert code_sandbox.judge(problem, "print(0.3333)\n").verdict == "wrong_answer"
+    problem["float_tolerance"] = False
+    assert code_sandbox.judge(problem, "print(1/3)\n").verdict == "wrong_answer"
+
+
+def test_verdict_stats_cover_every_verdict():
+    stats = verdict_stats([{"verdict": "accepted", "passed": 2, "total": 2},
+                           {"verdict": "runtime_error", "passed": 0, "total": 2}], judge_time=0.5)
+    assert stats["accepted_rate"] == 0.5 and stats["runtime_error_rate"] == 0.5 and stats["pass_rate"] == 0.5
+    assert {"wrong_answer_rate", "time_limit_rate", "memory_limit_rate", "output_limit_rate",
+            "sandbox_violation_rate", "no_code_rate", "judge_time"} <= set(stats)
