@@ -1,0 +1,102 @@
+"""code_rl.py end to end through the container contract, and the judges' protocol with real programs.
+
+The script runs as the SageMaker toolkit starts it: cwd = the code folder, ``SM_*`` variables,
+hyperparameters in ``SM_HPS``, the data and the tiny model as channels; under torchrun with gloo for
+two processes (rank 0 learns, rank 1 judges) and as one process (rank 0 judges too).
+"""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
+TORCHRUN = str(Path(sys.executable).parent / "torchrun")
+
+
+def run(command: list[str], env: dict[str, str], timeout: int = 240) -> subprocess.CompletedProcess:
+    # A session of its own, so that a timeout ends torchrun's workers as well.
+    process = subprocess.Popen(command, cwd=SCRIPTS, env=env, text=True, start_new_session=True,
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        output, _ = process.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.communicate()
+        raise
+    return subprocess.CompletedProcess(command, process.returncode, output, "")
+
+
+def container_env(root: Path, channels: dict[str, Path], hyperparameters: dict) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SM_", "SAGEMAKER_"))}
+    env.update({
+        "SAGEMAKER_BASE_DIR": str(root),
+        "SM_MODEL_DIR": str(root / "model"),
+        "SM_OUTPUT_DATA_DIR": str(root / "output" / "data"),
+        "SM_OUTPUT_DIR": str(root / "output"),
+        "SM_HOSTS": json.dumps(["algo-1"]),
+        "SM_CURRENT_HOST": "algo-1",
+        "SM_NUM_GPUS": "0",
+        "SM_CURRENT_INSTANCE_TYPE": "local",
+        "SM_HPS": json.dumps(hyperparameters),
+        "OMP_NUM_THREADS": "1",
+        "PYTHONUNBUFFERED": "1",
+        "PATH": f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}",
+    })
+    for name, folder in channels.items():
+        env[f"SM_CHANNEL_{name.upper()}"] = str(folder)
+    return env
+
+
+HYPERPARAMETERS = {"max_steps": 2, "prompts_per_step": 2, "num_generations": 2, "micro_batch_size": 2,
+                   "max_new_tokens": 16, "judge_workers": 1, "judge_timeout": 120, "max_tests": 2,
+                   "checkpoint_every": 0}
+
+
+@pytest.mark.parametrize("processes", [2, 1])
+def test_code_rl_trains_with_judges(tmp_path, offline_data, tiny_model_path, processes):
+    env = container_env(tmp_path, {"train": offline_data["code"], "model": tiny_model_path}, HYPERPARAMETERS)
+    if processes == 1:
+        command = [sys.executable, "code_rl.py"]
+    else:
+        command = [TORCHRUN, "--standalone", "--nproc_per_node", "2", "code_rl.py"]
+    done = run(command, env)
+    assert done.returncode == 0, done.stdout[-4000:]
+    log = done.stdout
+    # The judging rank attacked its sandbox first and said which layers it has.
+    assert "sandbox self-test: fork bomb: sandbox_violation contained" in log
+    assert "sandbox self-test passed" in log and "seccomp=" in log and "landlock=" in log
+    if processes == 2:
+        assert "judge: " in log and "stopping" in log  # rank 1 was told to stop at the end
+    for step in (1, 2):
+        assert f"step={step} accepted_rate=" in log and f"step={step} reward=" in log
+    records = [json.loads(line) for line in (tmp_path / "output" / "data" / "metrics.jsonl").read_text().splitlines()]
+    verdicts = [r for r in records if "accepted_rate" in r]
+    assert [r["step"] for r in verdicts] == [1, 2]
+    assert all(abs(sum(v for k, v in r.items() if k.endswith("_rate")) - 1.0) < 1e-9 for r in verdicts)
+    assert (tmp_path / "model" / "config.json").is_file()
+    assert not (tmp_path / "output" / "failure").exists()
+
+
+JOB = Path(__file__).with_name("remote_judge_job.py")
+
+
+def test_remote_judges_return_verdicts_in_order(tmp_path):
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    done = run([TORCHRUN, "--standalone", "--nproc_per_node", "3", str(JOB), "judge"], env)
+    assert done.returncode == 0, done.stdout[-4000:]
+    results = json.loads(done.stdout.split("RESULTS ", 1)[1].splitlines()[0])
+    assert [r["verdict"] for r in results] == ["accepted", "wrong_answer", "time_limit", "accepted",
+                                               "sandbox_violation", "runtime_error"]
+    assert [r["reward"] for r in results] == [1.0, 0.5, 0.0, 1.0, 0.0, 0.0]
+
+
+def test_a_failing_judge_fails_the_learner_without_hanging(tmp_path):
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    done = run([TORCHRUN, "--standalone", "--nproc_per_node", "2", str(JOB), "broken"], env, timeout=120)
+    assert "judge rank 1 failed: SandboxError" in done.stdout, done.stdout[-4000:]
+    assert "JUDGES STOPPED" in done.stdout  # rank 0 still told the judges to stop, and they did
