@@ -43,7 +43,6 @@ import sys
 
 import torch
 import torch.nn.functional as F
-
 from common import checkpoints, contract, data, distributed, metrics, models
 from common.contract import UserError, str2bool
 

@@ -111,6 +111,16 @@ def load_model(path: str, device: torch.device, trainable: bool = True):
     return model
 
 
+def _tied_weight_names(model) -> list[str]:
+    """Weights that are another weight (lm_head tied to the embeddings); a gathered FSDP state
+    dict holds them twice. transformers 5 lists them as a dict, 4.x as a list."""
+    config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    if not getattr(config, "tie_word_embeddings", False):
+        return []
+    tied = getattr(model, "_tied_weights_keys", None) or []
+    return list(tied.keys()) if isinstance(tied, dict) else list(tied)
+
+
 def save_final_model(model, tokenizer, out_dir: str | Path, learners: Learners) -> None:
     """Save for ``AutoModelForCausalLM.from_pretrained(out_dir)`` (every rank must call it).
 
@@ -135,6 +145,8 @@ def save_final_model(model, tokenizer, out_dir: str | Path, learners: Learners) 
         save_dtype = compute_dtype(learners.device)
         if state is None:
             state = module.state_dict()
+        for name in _tied_weight_names(module):  # saved once, as the weight it is tied to
+            state.pop(name, None)
         state = {name: tensor.detach().to("cpu", save_dtype) if tensor.is_floating_point() else tensor.detach().cpu()
                  for name, tensor in state.items()}
         module.save_pretrained(out_dir, state_dict=state, safe_serialization=True)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -63,8 +64,17 @@ def run_script():
             command = [sys.executable, script, *args]
         else:
             torchrun = str(Path(sys.executable).parent / "torchrun")
-            command = [torchrun, "--nproc_per_node", str(nproc), "--master_port", "0", script, *args]
-        return subprocess.run(command, cwd=SCRIPTS, env=env, capture_output=True, text=True, timeout=timeout)
+            command = [torchrun, "--standalone", "--nproc_per_node", str(nproc), script, *args]
+        # A session of its own, so a timeout ends torchrun's workers too, not only torchrun.
+        process = subprocess.Popen(command, cwd=SCRIPTS, env=env, text=True, start_new_session=True,
+                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        try:
+            stdout, stderr = process.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.communicate()
+            raise
+        return subprocess.CompletedProcess(command, process.returncode, stdout, stderr)
 
     return run
 

@@ -47,9 +47,8 @@ def test_dpo_tokenization_matches_trl(trl_trainer):
 
 def test_dpo_loss_and_rewards_match_trl(trl_trainer, tiny_model_path):
     import dpo
-    from transformers import AutoModelForCausalLM
-
     from common.distributed import single_learner
+    from transformers import AutoModelForCausalLM
 
     trainer, rows, tokenizer = trl_trainer
     collator = trainer.data_collator

@@ -82,7 +82,6 @@ def failing_run(tmp_path, monkeypatch, container_env):
     run_main, with the container's variables, and expects exit status 1."""
     import dpo
     import sft
-
     from common import contract
 
     modules = {"sft": sft, "dpo": dpo}

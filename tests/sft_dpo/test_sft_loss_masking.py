@@ -35,9 +35,8 @@ def test_only_assistant_turns_are_targets(tokenizer):
 
 def test_plain_template_when_the_tokenizer_has_none(tiny_model_path, tmp_path):
     import sft
-    from transformers import AutoTokenizer
-
     from common.models import load_tokenizer
+    from transformers import AutoTokenizer
 
     bare = AutoTokenizer.from_pretrained(tiny_model_path)
     bare.chat_template = None
