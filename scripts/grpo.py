@@ -212,11 +212,9 @@ class HFGenerator:
         # Plain sampling from softmax(logits / temperature): the log-probs the loss computes must be
         # those of the distribution sampled from, so no top-k/top-p/repetition penalty from the model card.
         settings = dict(max_new_tokens=self.max_new_tokens, eos_token_id=self.stop_ids,
-                        pad_token_id=self.tokenizer.pad_token_id, top_k=0, top_p=1.0, repetition_penalty=1.0)
-        if greedy:
-            settings.update(do_sample=False)
-        else:
-            settings.update(do_sample=True, temperature=self.temperature)
+                        pad_token_id=self.tokenizer.pad_token_id, repetition_penalty=1.0, do_sample=not greedy)
+        if not greedy:
+            settings.update(temperature=self.temperature, top_k=0, top_p=1.0)
         return GenerationConfig(**settings)
 
     @torch.no_grad()

@@ -1,0 +1,97 @@
+"""Evaluate a model on a test set: greedy decoding, the environment's checker, accuracy.
+
+The model comes from the ``model`` channel (for example the ``model.tar.gz`` of a training job)
+or ``--model_name_or_path``; the examples from channel ``test`` (``test.jsonl``), read and scored by
+the environment named with ``--environment``. Prints one metric line::
+
+    step=0 accuracy=0.4312 mean_reward=0.4312 n=1319
+
+and writes ``evaluation.json`` (accuracy, mean reward, n and one record per example) to
+``SM_OUTPUT_DATA_DIR`` and to ``SM_MODEL_DIR`` (so it is in the job's model.tar.gz as well).
+
+By hand:
+    SM_CHANNEL_TEST=data/gsm8k python evaluate.py --model_name_or_path /path/to/model --max_examples 50
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+
+import grpo
+import torch
+from common import contract, distributed, metrics, models
+from environments import REGISTRY, make_environment
+
+log = logging.getLogger("evaluate")
+
+
+def build_parser() -> contract.HyperparameterParser:
+    parser = contract.HyperparameterParser(description=__doc__, prog="evaluate.py")
+    parser.add_argument("--model_name_or_path", default="Qwen/Qwen2.5-0.5B-Instruct",
+                        help="hub id or local folder of the model; the 'model' channel (SM_CHANNEL_MODEL) wins over "
+                             "it when given (default: %(default)s)")
+    parser.add_argument("--environment", choices=sorted(REGISTRY), default="gsm8k",
+                        help="which data format and checker to use (default: %(default)s)")
+    parser.add_argument("--max_new_tokens", type=int, default=512, help="longest answer in tokens (default: %(default)s)")
+    parser.add_argument("--batch_size", type=int, default=32, help="prompts per generate call (default: %(default)s)")
+    parser.add_argument("--max_examples", type=int, default=0,
+                        help="evaluate only the first N examples; 0 = all (default: %(default)s)")
+    parser.add_argument("--generation_backend", choices=["hf", "vllm"], default="hf",
+                        help="hf: transformers generate; vllm: a vLLM engine when vllm is installed (falls back to "
+                             "hf otherwise) (default: %(default)s)")
+    parser.add_argument("--vllm_gpu_memory_utilization", type=float, default=0.8,
+                        help="share of GPU memory the vLLM engine may take (default: %(default)s)")
+    parser.add_argument("--seed", type=int, default=42, help="seed (decoding is greedy) (default: %(default)s)")
+    return parser
+
+
+def main() -> None:
+    args = build_parser().parse()
+    if args.batch_size < 1 or args.max_new_tokens < 1:
+        raise contract.UserError("--batch_size and --max_new_tokens must be at least 1.")
+    args.temperature = 1.0  # unused by greedy decoding; the generators take one
+    torch.manual_seed(args.seed)
+    learners = distributed.single_learner()
+
+    model_path = models.resolve_model_path(args.model_name_or_path)
+    tokenizer = models.load_tokenizer(model_path)
+    model = models.load_model(model_path, learners.device, trainable=False)
+    env = make_environment(args.environment)
+    examples = env.load(contract.channel_file("test", "test.jsonl"))
+    if args.max_examples > 0:
+        examples = examples[:args.max_examples]
+    generator = grpo.make_generator(args, model, tokenizer, model_path, learners)
+
+    started = time.perf_counter()
+    records = []
+    for start in range(0, len(examples), args.batch_size):
+        batch = examples[start:start + args.batch_size]
+        prompts = [grpo.prompt_token_ids(env, tokenizer, example) for example in batch]
+        _, completions = generator.generate(prompts, num_generations=1, greedy=True)
+        for offset, (example, completion, score) in enumerate(zip(batch, completions, env.score(batch, completions),
+                                                                   strict=True)):
+            records.append({"index": start + offset, "example": example, "completion": completion, **score})
+        log.info("evaluated %d/%d examples", len(records), len(examples))
+
+    mean_reward = sum(float(r["reward"]) for r in records) / len(records)
+    # Accuracy is the environment's "correct" verdict; without one, a positive reward counts as right.
+    accuracy = sum(bool(r["correct"]) if "correct" in r else float(r["reward"]) > 0 for r in records) / len(records)
+    summary = {"step": 0, "accuracy": accuracy, "mean_reward": mean_reward, "n": len(records)}
+    print(metrics.format_metric_line(0, {"accuracy": accuracy, "mean_reward": mean_reward, "n": len(records)}),
+          flush=True)
+    result = {"model": model_path, "environment": args.environment, "accuracy": accuracy, "mean_reward": mean_reward,
+              "n": len(records), "max_new_tokens": args.max_new_tokens,
+              "seconds": round(time.perf_counter() - started, 2), "records": records}
+    for folder in (contract.output_data_dir(), contract.model_dir()):
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / "evaluation.json").write_text(json.dumps(result, indent=1, default=str))
+    with open(contract.output_data_dir() / "metrics.jsonl", "a") as handle:
+        handle.write(json.dumps(summary) + "\n")
+    log.info("accuracy %.4f on %d examples, written to %s", accuracy, len(records),
+             contract.output_data_dir() / "evaluation.json")
+
+
+if __name__ == "__main__":
+    contract.run_main(main)
