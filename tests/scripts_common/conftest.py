@@ -1,0 +1,23 @@
+"""Unit tests of scripts/common: the scripts folder on sys.path, SageMaker variables cleared."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
+if str(SCRIPTS) not in sys.path:
+    sys.path.insert(0, str(SCRIPTS))
+
+
+@pytest.fixture
+def clean_env(monkeypatch, tmp_path):
+    """No SM_*/SAGEMAKER_* variables, the current directory a fresh tmp_path."""
+    for key in list(os.environ):
+        if key.startswith(("SM_", "SAGEMAKER_", "FI_")) or key in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
+            monkeypatch.delenv(key)
+    monkeypatch.chdir(tmp_path)
+    return monkeypatch

@@ -1,0 +1,134 @@
+"""Checkpoints: atomic, complete, restorable bit for bit, pruned; SIGTERM sets a flag."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import random
+import signal
+
+import numpy as np
+import torch
+
+
+def _training_state(seed=0):
+    torch.manual_seed(seed)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0 / (1 + step))
+    return model, optimizer, scheduler
+
+
+def _step(model, optimizer, scheduler):
+    x = torch.randn(16, 4)  # draws from the torch RNG, which the checkpoint must restore
+    loss = (model(x) - x.sum(dim=1, keepdim=True)).pow(2).mean() + 0.01 * random.random() + 0.01 * np.random.rand()
+    loss.backward()
+    optimizer.step()
+    scheduler.step()
+    optimizer.zero_grad()
+
+
+def test_resume_restores_everything_bit_for_bit(tmp_path):
+    from common.checkpoints import Checkpointer, seed_everything
+    from common.distributed import single_learner
+
+    learners = single_learner("cpu")
+    seed_everything(1)
+    model, optimizer, scheduler = _training_state()
+    for _ in range(6):
+        _step(model, optimizer, scheduler)
+    expected = [p.detach().clone() for p in model.parameters()]
+
+    seed_everything(1)
+    model, optimizer, scheduler = _training_state()
+    checkpointer = Checkpointer(tmp_path, learners, keep=2)
+    for _ in range(3):
+        _step(model, optimizer, scheduler)
+    checkpointer.save(3, model, optimizer, scheduler, extra={"position": 3})
+    for _ in range(2):  # progress that the "crash" loses
+        _step(model, optimizer, scheduler)
+
+    seed_everything(99)  # a fresh process: other RNG state, fresh model
+    model, optimizer, scheduler = _training_state(seed=5)
+    resumed = Checkpointer(tmp_path, learners).load_latest(model, optimizer, scheduler)
+    assert resumed == {"step": 3, "extra": {"position": 3}}
+    assert scheduler.last_epoch == 3
+    for _ in range(3):
+        _step(model, optimizer, scheduler)
+    for got, want in zip(model.parameters(), expected, strict=True):
+        assert torch.equal(got, want)
+
+
+def test_layout_pruning_and_torn_checkpoints(tmp_path, caplog):
+    from common.checkpoints import Checkpointer
+    from common.distributed import single_learner
+
+    learners = single_learner("cpu")
+    model, optimizer, scheduler = _training_state()
+    (tmp_path / ".tmp-step_00000009-123").mkdir()  # left by a process killed while writing
+    checkpointer = Checkpointer(tmp_path, learners, keep=2)
+    assert not (tmp_path / ".tmp-step_00000009-123").exists()
+    for step in (1, 2, 3):
+        _step(model, optimizer, scheduler)
+        checkpointer.save(step, model, optimizer, scheduler)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step_00000002", "step_00000003"]
+    manifest = json.loads((tmp_path / "step_00000003" / "manifest.json").read_text())
+    assert manifest["step"] == 3 and set(manifest["files"]) == {"model.pt", "optimizer.pt", "state.pt"}
+
+    # Newest torn (a file cut short), next one without a manifest, next one unreadable: fall back to step 2.
+    with open(tmp_path / "step_00000003" / "optimizer.pt", "r+b") as handle:
+        handle.truncate(10)
+    (tmp_path / "step_00000005").mkdir()
+    (tmp_path / "step_00000005" / "model.pt").write_bytes(b"partial")
+    with caplog.at_level(logging.WARNING):
+        resumed = Checkpointer(tmp_path, learners).load_latest(model, optimizer, scheduler)
+    assert resumed["step"] == 2
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert any("step_00000003" in w for w in warnings) and any("step_00000005" in w for w in warnings)
+
+    for name in ("model.pt",):  # complete by size but not loadable -> also skipped
+        path = tmp_path / "step_00000002" / name
+        path.write_bytes(b"x" * path.stat().st_size)
+    assert Checkpointer(tmp_path, learners).load_latest(model, optimizer, scheduler) is None
+    assert Checkpointer(tmp_path / "nothing-here", learners).load_latest(model, optimizer, scheduler) is None
+
+
+def test_sigterm_sets_a_flag_instead_of_killing(tmp_path):
+    from common.checkpoints import SigtermFlag
+    from common.distributed import single_learner
+
+    previous = signal.getsignal(signal.SIGTERM)
+    try:
+        flag = SigtermFlag()
+        assert not flag.should_stop(single_learner("cpu"))
+        os.kill(os.getpid(), signal.SIGTERM)
+        assert flag.received and flag.should_stop(single_learner("cpu"))
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def test_single_learner_context(clean_env):
+    from common.distributed import setup, single_learner
+
+    learners = single_learner("cpu")
+    assert (learners.rank, learners.world_size, learners.is_main, learners.distributed) == (0, 1, True, False)
+    assert learners.device == torch.device("cpu")
+    assert setup() == learners  # a plain `python script.py` is one learner
+
+
+def test_checkpoints_under_two_processes_ddp_and_fsdp(tmp_path):
+    """Rank 0 writes, every rank restores (FSDP2: gathered, then broadcast as shards), bit for bit."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    here = Path(__file__).resolve().parent
+    torchrun = str(Path(sys.executable).parent / "torchrun")
+    env = {**os.environ, "PYTHONPATH": str(here.parents[1] / "scripts"), "OMP_NUM_THREADS": "1"}
+    result = subprocess.run([torchrun, "--standalone", "--nproc_per_node", "2", str(here / "two_process_checkpoints.py"),
+                             str(tmp_path)], env=env, capture_output=True, text=True, timeout=240)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    for strategy in ("ddp", "fsdp"):
+        for rank in (0, 1):
+            assert f"rank {rank} {strategy}: resumed run equals uninterrupted run" in result.stdout

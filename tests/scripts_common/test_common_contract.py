@@ -1,0 +1,164 @@
+"""The SageMaker contract: hyperparameters, channels, paths, failure file, EFA settings."""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+import pytest
+
+
+def _parser():
+    from common import contract
+
+    parser = contract.HyperparameterParser("test script", prog="train.py")
+    contract.add_common_arguments(parser, model="Qwen/Qwen2.5-0.5B-Instruct", learning_rate=1e-5, max_steps=10)
+    parser.add_argument("--use_lora", type=contract.str2bool, default=False, help="a boolean")
+    return parser
+
+
+def test_hyperparameters_as_sagemaker_passes_them(clean_env):
+    args = _parser().parse(["--max_steps", "5", "--use_lora", "True", "--learning_rate", "2e-05"])
+    assert (args.max_steps, args.use_lora, args.learning_rate, args.seed) == (5, True, 2e-5, 42)
+    assert _parser().parse(["--use_lora", "False"]).use_lora is False
+
+
+def test_sm_hps_fills_what_the_command_line_lacks(clean_env):
+    clean_env.setenv("SM_HPS", json.dumps({"max_steps": 7, "seed": 1, "use_lora": True,
+                                           "sagemaker_program": "train.py"}))
+    args = _parser().parse(["--seed", "3"])  # the command line wins; the toolkit's own keys are ignored
+    assert (args.max_steps, args.seed, args.use_lora) == (7, 3, True)
+
+
+@pytest.mark.parametrize("argv, expected", [
+    (["--max_step", "3"], "Unknown hyperparameter 'max_step'"),  # no abbreviations
+    (["--epochs", "3"], "Unknown hyperparameter 'epochs'"),
+    (["--use_lora", "maybe"], "argument --use_lora: expected true or false, got 'maybe'"),
+    (["--max_steps", "ten"], "argument --max_steps: invalid int value: 'ten'"),
+    (["--strategy", "zero3"], "argument --strategy: invalid choice: 'zero3'"),
+])
+def test_bad_hyperparameters_are_user_errors_listing_valid_ones(clean_env, argv, expected):
+    from common.contract import UserError
+
+    with pytest.raises(UserError) as error:
+        _parser().parse(argv)
+    assert expected in str(error.value)
+    assert "Valid hyperparameters: checkpoint_dir, checkpoint_every," in str(error.value)
+
+
+def test_paths_by_hand_and_under_sagemaker(clean_env, tmp_path):
+    from common import contract
+
+    assert not contract.on_sagemaker()
+    clean_env.setenv("SM_CHANNEL_TRAIN", str(tmp_path))  # a hand run may name its data this way
+    assert not contract.on_sagemaker()
+    assert contract.model_dir() == Path("output/model")
+    assert contract.failure_file() == Path("output/failure")
+    assert contract.default_checkpoint_dir() == Path("checkpoints")
+
+    clean_env.setenv("SM_MODEL_DIR", "/opt/ml/model")
+    assert contract.on_sagemaker()
+    assert contract.default_checkpoint_dir() == Path("/opt/ml/checkpoints")
+    assert contract.failure_file() == Path("/opt/ml/output/failure")
+    clean_env.setenv("SM_OUTPUT_DIR", str(tmp_path / "out"))
+    assert contract.failure_file() == tmp_path / "out" / "failure"
+    clean_env.setenv("SAGEMAKER_BASE_DIR", str(tmp_path / "ml"))
+    assert contract.default_checkpoint_dir() == tmp_path / "ml" / "checkpoints"
+    clean_env.setenv("SM_HOSTS", '["algo-1", "algo-2"]')
+    assert contract.hosts() == ["algo-1", "algo-2"]
+
+
+def test_channels(clean_env, tmp_path):
+    from common import contract
+    from common.contract import UserError
+
+    with pytest.raises(UserError, match=r"channel 'test' is missing \(SM_CHANNEL_TEST is not set\).*fit\(\{'test'"):
+        contract.channel_file("test", "test.jsonl")
+    folder = tmp_path / "train"
+    folder.mkdir()
+    clean_env.setenv("SM_CHANNEL_TRAIN", str(folder))
+    with pytest.raises(UserError, match="has no train.jsonl \\(found: nothing\\)"):
+        contract.channel_file("train", "train.jsonl")
+    (folder / "part-0.jsonl").write_text("{}\n")
+    assert contract.channel_file("train", "train.jsonl") == folder / "part-0.jsonl"  # the only one there
+    (folder / "train.jsonl").write_text("{}\n")
+    assert contract.channel_file("train", "train.jsonl") == folder / "train.jsonl"
+
+
+def test_run_main_writes_the_failure_file(clean_env, tmp_path, capsys):
+    from common import contract
+
+    clean_env.setenv("SM_OUTPUT_DIR", str(tmp_path / "output"))
+
+    def user_mistake():
+        raise contract.UserError("data.jsonl, line 3: field 'answer' is empty.")
+
+    with pytest.raises(SystemExit) as stopped:
+        contract.run_main(user_mistake)
+    assert stopped.value.code == 1
+    assert (tmp_path / "output" / "failure").read_text() == "data.jsonl, line 3: field 'answer' is empty.\n"
+    logged = capsys.readouterr().out  # run_main logs to stdout, which SageMaker sends to CloudWatch
+    assert "ERROR common: data.jsonl, line 3: field 'answer' is empty." in logged and "Traceback" not in logged
+
+    def bug():
+        return {}["missing"]
+
+    with pytest.raises(SystemExit):
+        contract.run_main(bug)
+    reason = (tmp_path / "output" / "failure").read_text()
+    assert reason.startswith("Unexpected KeyError: 'missing'") and "traceback in the job's log" in reason
+    assert "Traceback (most recent call last)" in capsys.readouterr().out
+
+    with pytest.raises(SystemExit) as stopped:  # --help and friends pass through untouched
+        contract.run_main(lambda: _parser().parse(["--help"]))
+    assert stopped.value.code == 0
+
+
+@pytest.mark.parametrize("instance, expected", [
+    ("ml.p4de.24xlarge", {"FI_PROVIDER": "efa", "FI_EFA_USE_DEVICE_RDMA": "1", "FI_EFA_FORK_SAFE": "1"}),
+    ("ml.p5.48xlarge", {"FI_PROVIDER": "efa", "FI_EFA_USE_DEVICE_RDMA": "1", "FI_EFA_FORK_SAFE": "1"}),
+    ("ml.g5.2xlarge", {}),
+    ("local", {}),
+])
+def test_efa_settings_only_where_the_instance_has_efa(clean_env, instance, expected, caplog):
+    import os
+
+    from common import distributed
+
+    clean_env.setenv("SM_CURRENT_INSTANCE_TYPE", instance)
+    with caplog.at_level(logging.INFO):
+        applied = distributed.configure_efa()
+    assert applied == expected
+    assert {k: os.environ[k] for k in expected} == expected
+    assert ("EFA settings for" in caplog.text) == bool(expected)
+
+
+def test_efa_settings_leave_explicit_values_alone(clean_env):
+    import os
+
+    from common import distributed
+
+    clean_env.setenv("SM_CURRENT_INSTANCE_TYPE", "ml.p5.48xlarge")
+    clean_env.setenv("FI_EFA_USE_DEVICE_RDMA", "0")
+    distributed.configure_efa()
+    assert os.environ["FI_EFA_USE_DEVICE_RDMA"] == "0"
+
+
+def test_model_path_checks(clean_env, tmp_path):
+    from common import models
+    from common.contract import UserError
+
+    assert models.resolve_model_path("Qwen/Qwen2.5-0.5B-Instruct") == "Qwen/Qwen2.5-0.5B-Instruct"  # a hub id
+    with pytest.raises(UserError, match="--model_name_or_path ./missing: no such folder"):
+        models.resolve_model_path("./missing")
+    with pytest.raises(UserError, match="no such folder"):
+        models.resolve_model_path(str(tmp_path / "a" / "b"))
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(UserError, match="has no config.json"):
+        models.resolve_model_path(str(tmp_path / "empty"))
+    weights = tmp_path / "weights"
+    weights.mkdir()
+    (weights / "config.json").write_text("{}")
+    clean_env.setenv("SM_CHANNEL_MODEL", str(weights))
+    assert models.resolve_model_path("./missing") == str(weights)  # the channel wins
