@@ -33,9 +33,9 @@ CI_PARAMETERS = {
     "00": {"model_id": "tiny", "data_source": "offline", "n_train": 32, "n_test": 8},
     "01": {"max_steps": 4, "batch_size": 2, "per_device_batch_size": 1, "max_length": 128},
     "02": {"max_steps": 4, "batch_size": 2, "per_device_batch_size": 1, "max_prompt_length": 64, "max_length": 128},
-    "03": {"max_steps": 3, "batch_size": 2, "num_generations": 4, "max_new_tokens": 24},
-    "04": {"max_steps": 2, "batch_size": 2, "num_generations": 2, "max_new_tokens": 48},
-    "05": {"max_steps": 6, "batch_size": 2, "num_generations": 2, "max_new_tokens": 16,
+    "03": {"max_steps": 3, "batch_size": 2, "num_generations": 4, "micro_batch_size": 4, "max_new_tokens": 24},
+    "04": {"max_steps": 2, "batch_size": 2, "num_generations": 2, "micro_batch_size": 4, "max_new_tokens": 48},
+    "05": {"max_steps": 6, "batch_size": 2, "num_generations": 2, "micro_batch_size": 4, "max_new_tokens": 16,
            "checkpoint_every": 2, "interrupt_after_step": 3},
     "06": {"max_eval_examples": 8, "max_new_tokens": 24},
 }
@@ -173,7 +173,7 @@ def render_markdown(summary: dict) -> str:
             if which in evaluation:
                 e = evaluation[which]
                 lines.append(f"- {which}: accuracy {e.get('accuracy', float('nan')):.3f} "
-                             f"on {e.get('examples', '?')} problems ({e.get('job_name', '')})")
+                             f"on {int(e['n']) if isinstance(e.get('n'), (int, float)) else '?'} problems ({e.get('job_name', '')})")
     if summary.get("spot"):
         s = summary["spot"]
         lines += ["", "## Managed spot", "", f"- {s.get('job_name')}: resumed from step {s.get('resumed_from_step')}, "

@@ -293,8 +293,8 @@ def test_summary_names_the_failing_notebook_and_cell(tmp_path):
     state = tmp_path / "state.json"
     state.write_text(json.dumps({"jobs": [{"notebook": "01", "job_name": "sft-1", "status": "Completed",
                                            "final_metrics": {"step": 4, "loss": 1.25}}],
-                                 "evaluation": {"base": {"accuracy": 0.25, "examples": 8, "job_name": "e1"},
-                                                "trained": {"accuracy": 0.5, "examples": 8, "job_name": "e2"}}}))
+                                 "evaluation": {"base": {"accuracy": 0.25, "n": 8, "job_name": "e1"},
+                                                "trained": {"accuracy": 0.5, "n": 8, "job_name": "e2"}}}))
     summary = run_notebooks.build_summary(results, state, tmp_path)
     text = run_notebooks.render_markdown(summary)
     assert not summary["ok"]

@@ -1,0 +1,48 @@
+"""One local-mode run of every notebook per test session (CI parameters), shared by the notebook tests."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+
+@dataclass
+class NotebookRun:
+    out: Path
+    summary: dict
+
+    @property
+    def state(self) -> dict:
+        return json.loads((self.out / "work" / "state.json").read_text())
+
+    @property
+    def local_root(self) -> Path:
+        return self.out / "sagemaker-local"
+
+    def s3_file(self, uri: str) -> Path:
+        """Local mode mirrors every S3 object on disk: <root>/s3/<bucket>/<key>."""
+        bucket, _, key = uri[len("s3://"):].partition("/")
+        return self.local_root / "s3" / bucket / key
+
+    def jobs(self, notebook_prefix: str) -> list[dict]:
+        return [job for job in self.state.get("jobs", []) if job["notebook"].startswith(notebook_prefix)]
+
+
+@pytest.fixture(scope="session")
+def notebook_run(tmp_path_factory) -> NotebookRun:
+    """``helpers.run_notebooks`` on every notebook, once (about 5 minutes on 2 cores)."""
+    import os
+
+    from helpers import run_notebooks
+
+    out = tmp_path_factory.mktemp("main")
+    saved = dict(os.environ)
+    try:
+        summary = run_notebooks.run(out)
+    finally:  # run() sets the kernels' environment in this process; give the other tests theirs back
+        os.environ.clear()
+        os.environ.update(saved)
+    return NotebookRun(out, summary)

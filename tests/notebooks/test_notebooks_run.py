@@ -1,0 +1,171 @@
+"""Every notebook, run by papermill in local mode with the CI parameters: what the run produced.
+
+The run happens once per session (fixture ``notebook_run`` in conftest.py); each test asserts
+on its outputs: the summary, the jobs in the state file, the artifacts local mode keeps in its
+S3 mirror on disk, and the requests the notebooks sent (request fidelity).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import tarfile
+
+import nbformat
+import pytest
+
+# What each notebook must send, whatever the run mode: its cloud configuration. (The CI
+# parameters change the model, data and steps only.)
+PYTORCH_IMAGE = "763104351884.dkr.ecr.us-east-1.amazonaws.com/pytorch-training:2.8.0-gpu-py312"
+HF_IMAGE = ("763104351884.dkr.ecr.us-east-1.amazonaws.com/huggingface-pytorch-training:"
+            "2.8.0-transformers4.56.2-gpu-py312-cu129-ubuntu22.04")
+EXPECTED_REQUESTS = {
+    "01": dict(jobs=1, program="sft.py", image=HF_IMAGE, instance_type="ml.p4de.24xlarge", count=2, spot=False,
+               checkpoint=False, torchrun=True, isolation=False, channels={"train", "test", "model"}),
+    "02": dict(jobs=1, program="dpo.py", image=PYTORCH_IMAGE, instance_type="ml.p4de.24xlarge", count=1, spot=False,
+               checkpoint=False, torchrun=True, isolation=False, channels={"train", "test", "model"}),
+    "03": dict(jobs=1, program="grpo.py", image=PYTORCH_IMAGE, instance_type="ml.p5.48xlarge", count=1, spot=False,
+               checkpoint=True, torchrun=True, isolation=False, channels={"train", "model"}),
+    "04": dict(jobs=1, program="code_rl.py", image=PYTORCH_IMAGE, instance_type="ml.p5.48xlarge", count=2,
+               spot=False, checkpoint=False, torchrun=True, isolation=True, channels={"train", "model", "code"}),
+    "05": dict(jobs=1, program="grpo.py", image=PYTORCH_IMAGE, instance_type="ml.p5.48xlarge", count=1, spot=True,
+               checkpoint=True, torchrun=True, isolation=False, channels={"train", "model"}),
+    "06": dict(jobs=2, program="evaluate.py", image=PYTORCH_IMAGE, instance_type="ml.g5.2xlarge", count=1,
+               spot=False, checkpoint=False, torchrun=False, isolation=False, channels={"test", "model"}),
+}
+# A metric each script must report (in its metric lines and metrics.jsonl).
+EXPECTED_METRICS = {"01": "loss", "02": "rewards_accuracies", "03": "reward", "04": "pass_rate", "05": "reward",
+                    "06": "accuracy"}
+
+
+def _decode(value: str):
+    try:
+        return json.loads(value)
+    except (TypeError, ValueError):
+        return value
+
+
+def test_every_notebook_ran(notebook_run):
+    failed = [f"{r['notebook']} at {r.get('cell')}: {r.get('error')}" for r in notebook_run.summary["notebooks"]
+              if r["status"] != "ok"]
+    assert not failed, "\n".join(failed)
+    assert len(notebook_run.summary["notebooks"]) == 7
+
+
+def test_summary_is_written_for_people(notebook_run):
+    text = (notebook_run.out / "summary.md").read_text()
+    for notebook in notebook_run.summary["notebooks"]:
+        assert notebook["notebook"] in text
+    assert "GSM8K accuracy" in text and "Training jobs" in text and str(notebook_run.out / "notebooks") in text
+    assert json.loads((notebook_run.out / "summary.json").read_text())["ok"] is True
+
+
+@pytest.mark.parametrize("prefix", sorted(EXPECTED_REQUESTS))
+def test_jobs_completed_and_sent_their_cloud_request(notebook_run, prefix):
+    expected = EXPECTED_REQUESTS[prefix]
+    jobs = notebook_run.jobs(prefix)
+    assert len(jobs) == expected["jobs"], [j["job_name"] for j in jobs]
+    for job in jobs:
+        assert job["status"] == "Completed", f"{job['job_name']}: {job.get('failure_reason')}"
+        request = job["request"]
+        hyperparameters = {k: _decode(v) for k, v in request["HyperParameters"].items()}
+        assert hyperparameters["sagemaker_program"] == expected["program"]
+        assert request["AlgorithmSpecification"]["TrainingImage"] == expected["image"]
+        assert request["ResourceConfig"]["InstanceType"] == expected["instance_type"]
+        assert request["ResourceConfig"]["InstanceCount"] == expected["count"]
+        assert bool(request.get("EnableManagedSpotTraining")) is expected["spot"]
+        assert bool(request.get("EnableNetworkIsolation")) is expected["isolation"]
+        assert bool(hyperparameters.get("sagemaker_torch_distributed_enabled")) is expected["torchrun"]
+        assert {c["ChannelName"] for c in request["InputDataConfig"]} == expected["channels"]
+        checkpoint = request.get("CheckpointConfig")
+        assert bool(checkpoint) is expected["checkpoint"]
+        if checkpoint:
+            assert checkpoint["S3Uri"].startswith("s3://") and job["job_name"] in checkpoint["S3Uri"]
+            assert checkpoint.get("LocalPath", "/opt/ml/checkpoints") == "/opt/ml/checkpoints"
+        if expected["spot"]:
+            stopping = request["StoppingCondition"]
+            assert stopping["MaxWaitTimeInSeconds"] >= stopping["MaxRuntimeInSeconds"]
+        # local mode's own record of the job agrees with what the notebook sent
+        stored = json.loads((notebook_run.local_root / "jobs" / f"{job['job_name']}.json").read_text())
+        assert stored["ResourceConfig"] == request["ResourceConfig"]
+        assert stored["AlgorithmSpecification"]["TrainingImage"] == expected["image"]
+
+
+def _metrics_records(notebook_run, job) -> list[dict]:
+    output = notebook_run.s3_file(job["model_data"].replace("model.tar.gz", "output.tar.gz"))
+    with tarfile.open(output) as archive:
+        member = next(m for m in archive.getmembers() if m.name.lstrip("./") == "metrics.jsonl")
+        return [json.loads(line) for line in archive.extractfile(member).read().decode().splitlines() if line.strip()]
+
+
+@pytest.mark.parametrize("prefix", sorted(EXPECTED_METRICS))
+def test_metrics_are_in_the_output_archive_and_finite(notebook_run, prefix):
+    for job in notebook_run.jobs(prefix):
+        records = _metrics_records(notebook_run, job)
+        assert records, job["job_name"]
+        steps = [r["step"] for r in records]
+        assert steps == sorted(set(steps)), f"{job['job_name']}: steps {steps}"
+        assert any(EXPECTED_METRICS[prefix] in r for r in records), f"{job['job_name']}: {records[-1]}"
+        for record in records:
+            for name, value in record.items():
+                assert isinstance(value, (int, float)) and math.isfinite(value), f"{job['job_name']}: {name}={value}"
+
+
+@pytest.mark.parametrize("prefix", ["01", "02", "03"])
+def test_trained_models_load_and_run(notebook_run, prefix, tmp_path):
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    (job,) = notebook_run.jobs(prefix)
+    with tarfile.open(notebook_run.s3_file(job["model_data"])) as archive:
+        archive.extractall(tmp_path, filter="data")
+    model = AutoModelForCausalLM.from_pretrained(tmp_path)
+    tokenizer = AutoTokenizer.from_pretrained(tmp_path)
+    ids = tokenizer("Natalia sold 48 clips.", return_tensors="pt")
+    with torch.no_grad():
+        logits = model(**ids).logits
+    assert torch.isfinite(logits).all()
+
+
+def test_grpo_model_was_evaluated_before_and_after(notebook_run):
+    state = notebook_run.state
+    evaluation = state["evaluation"]
+    assert set(evaluation) == {"base", "trained"}
+    for label in ("base", "trained"):
+        assert 0.0 <= evaluation[label]["accuracy"] <= 1.0
+    requests = {job["job_name"]: job["request"] for job in notebook_run.jobs("06")}
+    models = {name: next(c["DataSource"]["S3DataSource"]["S3Uri"] for c in request["InputDataConfig"]
+                         if c["ChannelName"] == "model") for name, request in requests.items()}
+    assert models[evaluation["base"]["job_name"]].rstrip("/") == state["model"].rstrip("/")
+    assert state["grpo_job"] in models[evaluation["trained"]["job_name"]]
+    assert "accuracy" in (notebook_run.out / "summary.md").read_text()
+
+
+def test_spot_job_was_interrupted_and_resumed_from_a_checkpoint(notebook_run):
+    (job,) = notebook_run.jobs("05")
+    stored = json.loads((notebook_run.local_root / "jobs" / f"{job['job_name']}.json").read_text())
+    transitions = [t["Status"] for t in stored["SecondaryStatusTransitions"]]
+    assert "Interrupted" in transitions, transitions
+    assert transitions.index("Interrupted") < len(transitions) - 1 and transitions[-1] == "Completed"
+    spot = notebook_run.state["spot"]
+    assert spot["job_name"] == job["job_name"] and "simulated" in spot["note"]
+    assert spot["resumed_from_step"] is not None and 1 <= spot["resumed_from_step"] < 6
+    assert job["final_metrics"]["step"] == 6
+    assert 0 < spot["savings_percent"] < 100
+
+
+def test_live_view_printed_progress_in_plain_text(notebook_run):
+    nb = nbformat.read(str(notebook_run.out / "notebooks" / "03_boto3_grpo.ipynb"), as_version=4)
+    text = "".join(o.get("text", "") for c in nb.cells if c.cell_type == "code" for o in c.outputs)
+    (job,) = notebook_run.jobs("03")
+    assert f"[{job['job_name']}] InProgress / Training" in text
+    assert f"[{job['job_name']}] step 3/3" in text and f"[{job['job_name']}] Completed" in text
+
+
+def test_executed_notebooks_have_no_errors_and_show_plots(notebook_run):
+    for path in sorted((notebook_run.out / "notebooks").glob("*.ipynb")):
+        nb = nbformat.read(str(path), as_version=4)
+        outputs = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs]
+        assert not [o for o in outputs if o.get("output_type") == "error"], path.name
+        if path.name[:2] in ("01", "02", "03", "05", "06"):
+            assert any("image/png" in o.get("data", {}) for o in outputs), f"{path.name} shows no plot"
