@@ -252,6 +252,41 @@ def _read_file(fd: int, limit: int) -> bytes:
     return os.pread(fd, min(size, limit), 0) if size else b""
 
 
+CPU_CHECK_SECONDS = 0.02
+TICKS_PER_SECOND = os.sysconf("SC_CLK_TCK")
+
+
+def _cpu_seconds(pid: int) -> float:
+    """CPU time of all of the process's threads so far (0 once it is gone)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as handle:
+            fields = handle.read().rsplit(b")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / TICKS_PER_SECOND  # utime + stime
+
+
+def _wait(pid: int, started: float, cpu_limit: float, wall_limit: float) -> bool:
+    """Wait for the child to end; True if it ran past the CPU or the wall-clock limit.
+
+    RLIMIT_CPU only counts whole seconds, so the CPU limit is also checked here every 20 ms.
+    """
+    watcher = os.pidfd_open(pid)
+    try:
+        poller = select.poll()
+        poller.register(watcher, select.POLLIN)
+        while True:
+            left = wall_limit - (time.monotonic() - started)
+            if left <= 0:
+                return True
+            if poller.poll(int(min(left, CPU_CHECK_SECONDS) * 1000) + 1):
+                return False
+            if _cpu_seconds(pid) > cpu_limit:
+                return True
+    finally:
+        os.close(watcher)
+
+
 def _empty(directory: str) -> None:
     for entry in os.scandir(directory):
         if entry.is_dir(follow_symlinks=False):
@@ -280,13 +315,7 @@ def run_test(request: dict, config: dict, landlock_fd: int | None,
                 code = _run_program(request)
             finally:
                 os._exit(code)
-        watcher = os.pidfd_open(pid)
-        try:
-            poller = select.poll()
-            poller.register(watcher, select.POLLIN)
-            timed_out = not poller.poll(int(request["wall_limit"] * 1000))
-        finally:
-            os.close(watcher)
+        timed_out = _wait(pid, started, request["time_limit"], request["wall_limit"])
         if timed_out:
             os.kill(pid, signal.SIGKILL)
         _, status, usage = os.wait4(pid, 0)
