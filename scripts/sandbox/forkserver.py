@@ -25,6 +25,12 @@ What a child inherits from the server, and why each is harmless:
   cannot forge an answer.
 - Environment: the server's own (no credentials) plus HOME and TMPDIR set to the working directory.
 - Signal handlers are reset to the defaults (SIGXFSZ kills, as it does for a C program).
+- The working directory is the worker's own, the same path every test, emptied after each one.
+- The address-space layout is the server's (fork does not re-randomise it). A program can read and
+  write its own memory through ctypes anyway; nothing outside its process is mapped.
+- Kernel-side: a new session and process group, the worker uid, its own rlimits; the Landlock
+  ruleset and the seccomp filter are compiled once in the server and only enforced in the child
+  (the ruleset's descriptor is closed before the program runs).
 - Not run: ``atexit`` handlers the program registers (the child ends with ``os._exit`` after
   flushing its output and joining its non-daemon threads).
 

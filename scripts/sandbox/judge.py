@@ -216,14 +216,16 @@ class Worker:
         return header, *payloads
 
     def run(self, request: dict) -> tuple[dict, bytes, bytes, bytes]:
+        if self.process is None or self.process.poll() is not None:
+            self.stop()  # the server died since the last test: start a fresh one
+            self.start()
         try:
             _write_frame(self.process.stdin.fileno(), request)
             # The server enforces the wall limit itself; this bound only catches a dead server.
             return self._read_answer(timeout=request["wall_limit"] + 30.0)
-        except (OSError, SandboxError, ValueError):
-            self.stop()  # restart so the next test finds a clean server
-            self.start()
-            raise
+        except (OSError, SandboxError, ValueError) as error:
+            self.stop()  # the next test starts a fresh server
+            raise SandboxError(f"sandbox worker {self.index} failed during a test: {error}") from error
 
 
 class Sandbox:
@@ -330,11 +332,14 @@ class Sandbox:
 
     def run_test(self, problem: dict, program: str, test: dict, limits: Limits | None = None) -> TestOutcome:
         limits = limits or self.limits
-        try:
-            answer, stdout, stderr, result = self.run_one(
-                program, test["input"], problem.get("testtype", "stdin"), problem.get("fn_name"), limits)
-        except SandboxError as exc:
-            return TestOutcome("judge_error", detail=str(exc))
+        for attempt in range(2):  # a fork server that failed is replaced; the test gets one more try
+            try:
+                answer, stdout, stderr, result = self.run_one(
+                    program, test["input"], problem.get("testtype", "stdin"), problem.get("fn_name"), limits)
+                break
+            except SandboxError as exc:
+                if attempt:
+                    return TestOutcome("judge_error", detail=str(exc))
         answer["stderr"] = stderr.decode("utf-8", "replace")
         outcome = classify(answer, stdout, result, test, problem, limits)
         if outcome.verdict == "runtime_error" and stderr:

@@ -157,3 +157,11 @@ def test_selftest_refuses_and_names_the_missing_layers():
     message = str(failure.value)
     assert "refusing to train" in message
     assert "connect to a listener on 127.0.0.1" in message and "seccomp, landlock" in message
+
+
+def test_a_dead_fork_server_is_replaced():
+    with Sandbox(workers=1) as box:
+        os.kill(box.server_pids[0], 9)
+        outcome = run(box, ADD, "2 3\n", "5")
+        assert outcome.verdict == "accepted", outcome.detail
+        assert len(box.server_pids) == 1
