@@ -254,22 +254,23 @@ def seccomp_program(pyseccomp) -> bytes:
         program = os.pread(fd, os.fstat(fd).st_size, 0)
     finally:
         os.close(fd)
-    if not program or len(program) % 8 or _count_placeholders(program) < 1:
+    if not program or len(program) % 8 or not placeholder_offsets(program):
         raise RuntimeError("libseccomp produced a filter this sandbox cannot patch")
     return program
 
 
-def _count_placeholders(program: bytes) -> int:
-    return sum(int.from_bytes(program[i + 4:i + 8], sys.byteorder) == PID_PLACEHOLDER
-               for i in range(0, len(program), 8))
+def placeholder_offsets(program: bytes) -> list[int]:
+    """Where the pid goes: the byte offsets of the ``k`` fields holding ``PID_PLACEHOLDER``."""
+    return [i + 4 for i in range(0, len(program), 8)
+            if int.from_bytes(program[i + 4:i + 8], sys.byteorder) == PID_PLACEHOLDER]
 
 
-def load_seccomp_program(program: bytes, own_pid: int) -> None:
-    """Patch the pid into the compiled filter and load it into this process."""
+def load_seccomp_program(program: bytes, offsets: list[int], own_pid: int) -> None:
+    """Patch the pid into the compiled filter at ``offsets`` and load it into this process."""
     patched = bytearray(program)
-    for i in range(0, len(patched), 8):
-        if int.from_bytes(patched[i + 4:i + 8], sys.byteorder) == PID_PLACEHOLDER:
-            patched[i + 4:i + 8] = own_pid.to_bytes(4, sys.byteorder)
+    pid = own_pid.to_bytes(4, sys.byteorder)
+    for offset in offsets:
+        patched[offset:offset + 4] = pid
     buffer = (ctypes.c_char * len(patched)).from_buffer(patched)
     fprog = _SockFprog(len(patched) // 8, ctypes.cast(buffer, ctypes.c_void_p))
     set_no_new_privs()

@@ -103,8 +103,7 @@ def _vm_size_bytes() -> int:
 
 
 def _confine_child(request: dict, config: dict, files: list[int], landlock_fd: int | None,
-                   seccomp_bpf: bytes | None) -> None:
-    interpreter_bytes = _vm_size_bytes()  # while /proc is still readable
+                   seccomp_bpf: bytes | None, interpreter_bytes: int) -> None:
     os.setsid()
     for number in (signal.SIGINT, signal.SIGTERM, signal.SIGPIPE, signal.SIGXFSZ, signal.SIGCHLD):
         signal.signal(number, signal.SIG_DFL)
@@ -131,7 +130,7 @@ def _confine_child(request: dict, config: dict, files: list[int], landlock_fd: i
     confine.set_parent_death_signal(signal.SIGKILL)  # after setuid, which clears it
     confine.set_not_dumpable()
     if seccomp_bpf is not None:
-        confine.load_seccomp_program(seccomp_bpf, os.getpid())
+        confine.load_seccomp_program(seccomp_bpf, config["pid_offsets"], os.getpid())
 
 
 def _run_program(request: dict) -> int:
@@ -307,13 +306,14 @@ def run_test(request: dict, config: dict, landlock_fd: int | None,
     try:
         write_all(files[0], request["input"].encode())
         os.lseek(files[0], 0, os.SEEK_SET)
+        interpreter_bytes = _vm_size_bytes()  # the child starts with the server's address space
         started = time.monotonic()
         pid = os.fork()
         if pid == 0:
             code = EXIT_SETUP_FAILED
             try:
                 try:
-                    _confine_child(request, config, files, landlock_fd, seccomp_bpf)
+                    _confine_child(request, config, files, landlock_fd, seccomp_bpf, interpreter_bytes)
                 except BaseException as exc:
                     import traceback
                     os.write(2, f"sandbox set-up failed: {exc!r}\n{traceback.format_exc()}".encode())
@@ -369,6 +369,7 @@ def main() -> None:
             problems.append(module)
         else:
             seccomp_bpf = confine.seccomp_program(module)
+            config["pid_offsets"] = confine.placeholder_offsets(seccomp_bpf)
     if config["landlock_abi"]:
         landlock_fd = confine.landlock_ruleset(config["landlock_abi"], read_paths, config["workdir"])
     requests, answers = 0, 1
