@@ -1,0 +1,87 @@
+"""GRPO rollout throughput: a step's groups in one batched ``generate`` call against one call per
+completion, both through ``grpo.HFGenerator`` (the class the loop samples with).
+
+Completion tokens per second (the stop token counted, padding not), on CPU, alternating the two
+ways ``rounds`` times on the same prompts; the figure is the median over rounds.
+
+    python -m bench.generation --models tiny small
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+from bench.fixtures import SCRIPTS_DIR, data_dir, model_dir, parameter_count
+from bench.tables import Row, format_table, median, peak_rss_mib
+
+PROMPTS, GROUP, MAX_NEW_TOKENS = 2, 8, 32
+
+
+def _generator(model_path):
+    sys.path.insert(0, str(SCRIPTS_DIR))
+    import grpo
+    from common import distributed, models
+    from environments.gsm8k import GSM8KEnvironment
+
+    learners = distributed.single_learner("cpu")
+    tokenizer = models.load_tokenizer(str(model_path))
+    model = models.load_model(str(model_path), learners.device, trainable=True)
+    generator = grpo.HFGenerator(model, tokenizer, MAX_NEW_TOKENS, temperature=1.0, learners=learners)
+    env = GSM8KEnvironment()
+    examples = env.load(data_dir() / "gsm8k" / "train.jsonl")[:PROMPTS]
+    prompts = [grpo.prompt_token_ids(env, tokenizer, example) for example in examples]
+    return generator, prompts
+
+
+def batched(generator, prompts) -> int:
+    completions, _ = generator.generate(prompts, GROUP)
+    return sum(len(c) for c in completions)
+
+
+def one_by_one(generator, prompts) -> int:
+    tokens = 0
+    for prompt in prompts:
+        for _ in range(GROUP):
+            completions, _ = generator.generate([prompt], 1)
+            tokens += len(completions[0])
+    return tokens
+
+
+def measure(models: list[str], rounds: int = 3, log=print) -> list[Row]:
+    import torch
+
+    rows = []
+    for name in models:
+        path = model_dir(name)
+        generator, prompts = _generator(path)
+        torch.manual_seed(0)
+        batched(generator, prompts)  # warm-up: first-call allocations and kernel selection
+        rates = {"batched": [], "one_by_one": []}
+        for round_index in range(rounds):
+            for way, run in (("batched", batched), ("one_by_one", one_by_one)):
+                started = time.perf_counter()
+                tokens = run(generator, prompts)
+                rates[way].append(tokens / (time.perf_counter() - started))
+            log(f"  generation {name} round {round_index + 1}: batched {rates['batched'][-1]:.0f} tokens/s, "
+                f"one call per completion {rates['one_by_one'][-1]:.0f} tokens/s")
+        ours, baseline = median(rates["batched"]), median(rates["one_by_one"])
+        params = parameter_count(path) / 1e6
+        rows.append(Row("grpo rollout throughput", f"{name} ({params:.1f} M params)", ours, "tokens/s", baseline,
+                        "one call per completion", peak_rss_mib(),
+                        notes=f"{PROMPTS} prompts x {GROUP} completions, {MAX_NEW_TOKENS} new tokens, median of "
+                              f"{rounds}; ratio > 1 = batched faster; memory: the process running both"))
+    return rows
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--models", nargs="+", default=["tiny", "small"], choices=["tiny", "small"])
+    parser.add_argument("--rounds", type=int, default=3)
+    args = parser.parse_args(argv)
+    print(format_table(measure(args.models, args.rounds), "GRPO rollout throughput (CPU)"))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,143 @@
+"""Per-GPU memory of a full fine-tune with FSDP2, bf16 compute and activation checkpointing.
+
+The arithmetic behind "does an 8 B model fit on 8 x A100 80 GB (ml.p4de.24xlarge)?", laid out
+term by term for the setup of ``scripts/common/distributed.wrap_model(strategy="fsdp")``:
+every decoder layer and the root (embeddings, final norm, LM head) is a ``fully_shard`` unit,
+parameters are gathered in bf16 for compute, gradients reduced in fp32, each decoder layer
+recomputed in the backward pass.
+
+Terms (bytes on one GPU; P parameters, W GPUs, b micro-batch, s sequence length, h hidden,
+i intermediate, k = key/value width, V vocabulary, L layers):
+
+  params       P x 4 / W           fp32 master weights, sharded (bf16 masters: x 2)
+  grads        P x 4 / W           sharded gradients in the parameters' dtype (bf16 masters: x 2)
+  optimizer    P x 8 / W           AdamW exp_avg + exp_avg_sq in the parameters' dtype (bf16: x 4)
+  gathered     2 layers x (2 + 2 + 4) x layer params      bf16 weights of the layer being computed and
+                                   of the one prefetched, their bf16 gradients and fp32 reduce copy
+  root         root params x (2 + 2 + 4)                  embeddings + head, gathered for the whole step
+  checkpoints  L x b x s x h x 2   every layer's bf16 input, kept for its recomputation
+  layer        2 x b x s x (30 h + 8 i) x ... see ``layer_activation_bytes``: one layer's activations
+                                   while it is recomputed, and their gradients
+  logits       b x s x V x 16      bf16 logits, the fp32 log-softmax kept by cross-entropy and the
+                                   fp32 / bf16 gradients flowing back through them
+Not counted: the CUDA context and allocator fragmentation (``max_memory_allocated`` does not see
+them either; leave ~3-5 GiB), NCCL buffers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+GIB = 2**30
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """A Llama/Qwen2-style decoder: GQA attention, SwiGLU MLP, RMSNorm."""
+
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    tied_embeddings: bool = False
+    qkv_bias: bool = False
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_heads
+
+    @property
+    def kv_width(self) -> int:
+        return self.num_kv_heads * self.head_dim
+
+    def layer_params(self) -> int:
+        h, i, kv = self.hidden_size, self.intermediate_size, self.kv_width
+        attention = h * h + 2 * h * kv + h * h  # q, k, v, o
+        bias = (h + 2 * kv) if self.qkv_bias else 0
+        mlp = 3 * h * i  # gate, up, down
+        norms = 2 * h
+        return attention + bias + mlp + norms
+
+    def root_params(self) -> int:
+        """Embeddings, final norm and (untied) LM head: the root ``fully_shard`` unit."""
+        embeddings = self.vocab_size * self.hidden_size
+        return embeddings * (1 if self.tied_embeddings else 2) + self.hidden_size
+
+    def total_params(self) -> int:
+        return self.num_layers * self.layer_params() + self.root_params()
+
+    def replace(self, **changes) -> ModelShape:
+        return ModelShape(**{**self.__dict__, **changes})
+
+
+# Llama-3.1-8B (meta-llama/Llama-3.1-8B config.json) and Qwen2.5-1.5B (Qwen/Qwen2.5-1.5B config.json).
+LLAMA_3_1_8B = ModelShape(vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_layers=32,
+                          num_heads=32, num_kv_heads=8, tied_embeddings=False)
+QWEN2_5_1_5B = ModelShape(vocab_size=151936, hidden_size=1536, intermediate_size=8960, num_layers=28,
+                          num_heads=12, num_kv_heads=2, tied_embeddings=True, qkv_bias=True)
+
+LOGIT_BYTES = 16  # per logit element: bf16 logits 2 + fp32 log-softmax 4 + fp32 grad 4 + fp32 copy 4 + bf16 grad 2
+
+
+def layer_activation_bytes(shape: ModelShape, tokens: int) -> int:
+    """Bytes one decoder layer keeps for its backward pass (bf16 compute, fused attention with no
+    s x s matrix): per token, two RMSNorms ~10 h each (fp32 input and product, bf16 output), q, k, v
+    and attention output 2 h each (k, v counted at full width: repeated for GQA), o_proj input 2 h,
+    and the SwiGLU's gate, up, silu(gate) and product 2 i each: 30 h + 8 i."""
+    return tokens * (30 * shape.hidden_size + 8 * shape.intermediate_size)
+
+
+def memory_plan(shape: ModelShape, world_size: int, micro_batch: int, seq_len: int,
+                master_dtype: str = "fp32", prefetched_layers: int = 2) -> dict[str, int]:
+    """Bytes per GPU for each term of the module docstring, and their ``total``."""
+    if master_dtype not in ("fp32", "bf16"):
+        raise ValueError(f"master_dtype must be fp32 or bf16, got {master_dtype!r}")
+    if world_size < 1 or micro_batch < 1 or seq_len < 1:
+        raise ValueError("world_size, micro_batch and seq_len must be at least 1")
+    master = 4 if master_dtype == "fp32" else 2
+    params = shape.total_params()
+    tokens = micro_batch * seq_len
+    gathered_unit = 2 + 2 + 4  # bf16 weights, bf16 gradients, fp32 copy for the reduce-scatter
+    plan = {
+        "params": params * master // world_size,
+        "grads": params * master // world_size,
+        "optimizer": 2 * params * master // world_size,
+        "gathered_layers": min(prefetched_layers, shape.num_layers) * shape.layer_params() * gathered_unit,
+        "gathered_root": shape.root_params() * gathered_unit,
+        "checkpoints": shape.num_layers * tokens * shape.hidden_size * 2,
+        "recomputed_layer": 2 * layer_activation_bytes(shape, tokens),
+        "logits": tokens * shape.vocab_size * LOGIT_BYTES,
+    }
+    plan["total"] = sum(plan.values())
+    return plan
+
+
+def format_plan(plan: dict[str, int], title: str, capacity_gib: float | None = None) -> str:
+    """The plan as a Markdown table in GiB, with the share of ``capacity_gib`` used."""
+    lines = [f"### {title}", "", "| term | GiB per GPU |", "|---|---|"]
+    for name, value in plan.items():
+        label = f"**{name}**" if name == "total" else name
+        lines.append(f"| {label} | {value / GIB:.2f} |")
+    if capacity_gib:
+        lines.append(f"| share of {capacity_gib:.0f} GiB | {100 * plan['total'] / GIB / capacity_gib:.0f} % |")
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    import argparse
+
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--world_size", type=int, default=8)
+    parser.add_argument("--micro_batch", type=int, default=1)
+    parser.add_argument("--seq_len", type=int, default=4096)
+    parser.add_argument("--master_dtype", choices=["fp32", "bf16"], default="fp32")
+    args = parser.parse_args()
+    plan = memory_plan(LLAMA_3_1_8B, args.world_size, args.micro_batch, args.seq_len, args.master_dtype)
+    print(format_plan(plan, f"Llama-3.1-8B full fine-tune, FSDP2 over {args.world_size} GPUs, micro-batch "
+                            f"{args.micro_batch} x {args.seq_len} tokens, {args.master_dtype} master weights", 80))
+
+
+if __name__ == "__main__":
+    main()
