@@ -8,6 +8,7 @@ program's directory, no connection reached our listener, and the next test runs 
 import json
 import os
 import socket
+import sys
 import textwrap
 
 import pytest
@@ -165,3 +166,11 @@ def test_a_dead_fork_server_is_replaced():
         outcome = run(box, ADD, "2 3\n", "5")
         assert outcome.verdict == "accepted", outcome.detail
         assert len(box.server_pids) == 1
+
+
+def test_a_missing_seccomp_library_is_reported_with_the_fix(monkeypatch):
+    from sandbox import confine
+
+    monkeypatch.setitem(sys.modules, "pyseccomp", None)  # import fails as without the package
+    available, detail = confine.probe_layers(61000)["seccomp"]
+    assert not available and "pip install pyseccomp" in detail
