@@ -1,0 +1,261 @@
+"""grpo.py and evaluate.py end to end through the container contract, as the SageMaker toolkit runs
+them: ``python grpo.py --key value`` with the code folder as working directory, SM_* variables,
+channels as folders. Also: resume after SIGKILL and after SIGTERM gives the uninterrupted result,
+and two processes under torchrun (gloo) train together."""
+
+import json
+import math
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
+PYTHON = sys.executable
+METRIC = r"\b{}=(-?[0-9.]+(?:[eE][-+]?[0-9]+)?)"  # the notebooks' metric_definitions regex
+GRPO_OPTIONS = ["--max_steps", "4", "--prompts_per_step", "2", "--num_generations", "4", "--micro_batch_size", "4",
+                "--max_new_tokens", "12", "--learning_rate", "1e-3", "--beta", "0.04", "--num_iterations", "2",
+                "--checkpoint_every", "2", "--seed", "3"]
+
+
+def job_env(root: Path, train: Path | None = None, test: Path | None = None, model: Path | None = None) -> dict:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SM_")}
+    env.update(SM_MODEL_DIR=str(root / "model"), SM_OUTPUT_DATA_DIR=str(root / "output" / "data"),
+               SM_OUTPUT_DIR=str(root / "output"), OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", PYTHONUNBUFFERED="1",
+               PATH=f"{Path(PYTHON).parent}{os.pathsep}{os.environ.get('PATH', '')}")
+    for name, folder in (("TRAIN", train), ("TEST", test), ("MODEL", model)):
+        if folder is not None:
+            env[f"SM_CHANNEL_{name}"] = str(folder)
+    return env
+
+
+def grpo_command(model_path, root, *extra):
+    return [PYTHON, "grpo.py", "--model_name_or_path", str(model_path), "--checkpoint_dir", str(root / "checkpoints"),
+            *GRPO_OPTIONS, *extra]
+
+
+def run(command, env, timeout=240):
+    result = subprocess.run(command, cwd=SCRIPTS, env=env, capture_output=True, text=True, timeout=timeout)
+    return result.returncode, result.stdout + result.stderr
+
+
+def metric_lines(output: str) -> list[str]:
+    return [line for line in output.splitlines() if line.startswith("step=")]
+
+
+def final_weights(root: Path) -> dict[str, torch.Tensor]:
+    return load_file(root / "model" / "model.safetensors")
+
+
+def comparable(records: list[dict]) -> list[dict]:
+    """Metric records without the timings (which differ from run to run)."""
+    return [{k: v for k, v in r.items() if not k.endswith("_time")} for r in records]
+
+
+def read_metrics(root: Path) -> list[dict]:
+    return [json.loads(line) for line in (root / "output" / "data" / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.fixture(scope="module")
+def digit_task(tiny_model_path, tmp_path_factory):
+    """GSM8K-format rows "Pick a digit." / "#### 7" and the tiny model after a few seconds of SFT to
+    answer any question with one random digit: rewards are then mixed within groups, the policy
+    moves, and the resume tests compare runs that actually train."""
+    import grpo
+    from environments.gsm8k import GSM8KEnvironment
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    root = tmp_path_factory.mktemp("digit-task")
+    (root / "train").mkdir()
+    (root / "train" / "train.jsonl").write_text(json.dumps({"question": "Pick a digit.", "answer": "#### 7"}) + "\n")
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_path)
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_path)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    prompt = grpo.prompt_token_ids(GSM8KEnvironment(), tokenizer, {"question": "Pick a digit."})
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    for step in range(30):
+        answers = [tokenizer(str((step * 7 + i) % 10), add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+                   for i in range(20)]
+        input_ids = torch.tensor([prompt + answer for answer in answers])
+        labels = torch.tensor([[-100] * len(prompt) + answer for answer in answers])
+        model(input_ids=input_ids, labels=labels).loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    torch.set_num_threads(threads)
+    model.save_pretrained(root / "model")
+    tokenizer.save_pretrained(root / "model")
+    return root / "model", root / "train"
+
+
+@pytest.fixture(scope="module")
+def reference_run(digit_task, tmp_path_factory):
+    """One uninterrupted run on the digit task, the yardstick of the resume tests."""
+    model_path, train = digit_task
+    root = tmp_path_factory.mktemp("grpo-reference")
+    code, output = run(grpo_command(model_path, root), job_env(root, train=train))
+    assert code == 0, output
+    # the run trained: some groups had mixed rewards and the weights moved
+    assert any(r["frac_reward_zero_std"] < 1 for r in read_metrics(root)), output
+    start = load_file(model_path / "model.safetensors")
+    assert any(not torch.equal(start[name], tensor) for name, tensor in final_weights(root).items())
+    return root, output
+
+
+def test_grpo_end_to_end(tiny_model_path, offline_data, tmp_path):
+    root = tmp_path
+    code, output = run(grpo_command(tiny_model_path, root), job_env(root, train=offline_data["gsm8k"]))
+    assert code == 0, output
+    lines = metric_lines(output)
+    assert [line.split()[0] for line in lines] == ["step=1", "step=2", "step=3", "step=4"]
+    for name in ("reward", "reward_std", "accuracy", "kl", "clip_ratio", "completion_length", "loss", "lr",
+                 "gen_time", "reward_time", "train_time"):
+        values = [float(m.group(1)) for line in lines for m in [re.search(METRIC.format(name), line)] if m]
+        assert len(values) == 4, f"{name} missing in {lines}"
+        assert all(math.isfinite(v) for v in values), (name, values)
+    assert all(re.fullmatch(r"step=\d+( [a-z0-9_]+=-?[0-9.]+(e[-+]?\d+)?)+", line) for line in lines), lines
+    assert [r["step"] for r in read_metrics(root)] == [1, 2, 3, 4]
+    assert float(re.search(METRIC.format("completion_length"), lines[0]).group(1)) > 0
+    # the model saved is reloadable and generates
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(root / "model")
+    tokenizer = AutoTokenizer.from_pretrained(root / "model")
+    ids = tokenizer("Natalia sold", return_tensors="pt").input_ids
+    assert model.generate(ids, max_new_tokens=3, do_sample=False).shape[1] == ids.shape[1] + 3
+    assert sorted(p.name for p in (root / "checkpoints").iterdir()) == ["step_00000002", "step_00000004"]
+
+
+def assert_same_as_reference(root: Path, reference_root: Path):
+    reference = final_weights(reference_root)
+    resumed = final_weights(root)
+    assert reference.keys() == resumed.keys()
+    for name in reference:
+        torch.testing.assert_close(resumed[name], reference[name], rtol=1e-6, atol=1e-7, msg=name)
+    assert comparable(read_metrics(root)) == comparable(read_metrics(reference_root))
+
+
+def test_resume_after_sigkill_matches_uninterrupted(reference_run, digit_task, tmp_path):
+    model_path, train = digit_task
+    env = job_env(tmp_path, train=train)
+    process = subprocess.Popen(grpo_command(model_path, tmp_path), cwd=SCRIPTS, env=env,
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    checkpoint = tmp_path / "checkpoints" / "step_00000002" / "manifest.json"
+    deadline = time.monotonic() + 180
+    while not checkpoint.exists() and process.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.02)
+    still_running = process.poll() is None
+    process.kill()  # an instance gone without warning
+    process.wait()
+    assert still_running and checkpoint.exists(), "the run ended before it could be interrupted"
+    assert not (tmp_path / "model" / "model.safetensors").exists()
+
+    code, output = run(grpo_command(model_path, tmp_path), env)
+    assert code == 0, output
+    assert "resumed from" in output and metric_lines(output)[0].startswith("step=3 ")
+    assert_same_as_reference(tmp_path, reference_run[0])
+
+
+def test_resume_after_sigterm_matches_uninterrupted(reference_run, digit_task, tmp_path):
+    model_path, train = digit_task
+    env = job_env(tmp_path, train=train)
+    process = subprocess.Popen(grpo_command(model_path, tmp_path), cwd=SCRIPTS, env=env,
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    output = []
+    for line in process.stdout:
+        output.append(line)
+        if line.startswith("step=1 "):
+            process.send_signal(signal.SIGTERM)  # what SageMaker sends before a spot instance goes
+    assert process.wait(timeout=120) == 0, "".join(output)
+    stopped_at = metric_lines("".join(output))[-1].split()[0]
+    assert stopped_at in ("step=1", "step=2") and "SIGTERM" in "".join(output)
+    assert (tmp_path / "checkpoints" / f"step_0000000{stopped_at[-1]}").is_dir()
+    assert not (tmp_path / "model" / "model.safetensors").exists()
+    assert not (tmp_path / "output" / "failure").exists()
+
+    code, output = run(grpo_command(model_path, tmp_path), env)
+    assert code == 0, output
+    assert_same_as_reference(tmp_path, reference_run[0])
+
+
+def test_two_learners_under_torchrun(tiny_model_path, offline_data, tmp_path):
+    torchrun = shutil.which("torchrun", path=str(Path(PYTHON).parent))
+    command = [torchrun, "--standalone", "--nproc_per_node", "2", "grpo.py", "--model_name_or_path",
+               str(tiny_model_path), "--checkpoint_dir", str(tmp_path / "checkpoints"), "--max_steps", "2",
+               "--prompts_per_step", "2", "--num_generations", "4", "--micro_batch_size", "2",
+               "--max_new_tokens", "8", "--learning_rate", "1e-3", "--checkpoint_every", "1"]
+    code, output = run(command, job_env(tmp_path, train=offline_data["gsm8k"]))
+    assert code == 0, output
+    assert [line.split()[0] for line in metric_lines(output)] == ["step=1", "step=2"]  # rank 0 only
+    assert "backend gloo" in output
+    assert (tmp_path / "model" / "model.safetensors").is_file()
+    assert (tmp_path / "checkpoints" / "step_00000002" / "manifest.json").is_file()
+
+
+def test_bad_data_row_fails_with_reason(tiny_model_path, tmp_path):
+    train = tmp_path / "train"
+    train.mkdir()
+    (train / "train.jsonl").write_text('{"question": "What is 1 + 1?", "answer": "1 + 1 = 2\\n#### 2"}\n'
+                                       '{"question": "What is 2 + 2?", "answer": "4"}\n')
+    code, output = run(grpo_command(tiny_model_path, tmp_path), job_env(tmp_path, train=train))
+    assert code != 0
+    reason = (tmp_path / "output" / "failure").read_text()
+    assert "train.jsonl, line 2" in reason and "####" in reason, reason
+
+
+@pytest.mark.parametrize("options,message", [
+    (["--micro_batch_size", "3"], "--micro_batch_size 3 must divide"),
+    (["--prompts_per_step", "3"], "--prompts_per_step 3 must be a multiple of the number of learners (2)"),
+    (["--num_generations", "1"], "at least 2 completions"),
+    (["--temperature", "0"], "--temperature must be positive"),
+])
+def test_bad_options_are_refused_with_the_option_named(options, message):
+    import grpo
+    from common import distributed
+    from common.contract import UserError
+
+    args = grpo.build_parser().parse(["--prompts_per_step", "4", "--num_generations", "4", *options])
+    learners = distributed.Learners(rank=0, world_size=2, local_rank=0, device=torch.device("cpu"))
+    with pytest.raises(UserError, match=re.escape(message)):
+        grpo.check_arguments(args, learners)
+
+
+def test_unknown_hyperparameter_is_refused():
+    import grpo
+    from common.contract import UserError
+
+    with pytest.raises(UserError, match="num_generations"):
+        grpo.build_parser().parse(["--num_generation", "4"])
+
+
+def test_evaluate_end_to_end(tiny_model_path, offline_data, tmp_path):
+    # the model arrives as the 'model' channel, which wins over --model_name_or_path
+    env = job_env(tmp_path, test=offline_data["gsm8k"], model=tiny_model_path)
+    code, output = run([PYTHON, "evaluate.py", "--model_name_or_path", "Qwen/does-not-exist", "--environment", "gsm8k",
+                        "--max_new_tokens", "8", "--batch_size", "3"], env)
+    assert code == 0, output
+    line = metric_lines(output)[0]
+    assert re.fullmatch(r"step=0 accuracy=[0-9.]+ mean_reward=[0-9.]+ n=8", line), line
+    for folder in (tmp_path / "output" / "data", tmp_path / "model"):
+        result = json.loads((folder / "evaluation.json").read_text())
+        assert result["n"] == 8 and len(result["records"]) == 8
+        assert [r["index"] for r in result["records"]] == list(range(8))
+        assert result["accuracy"] == sum(r["correct"] for r in result["records"]) / 8
+        assert all({"completion", "reward", "correct", "reference", "example"} <= r.keys() for r in result["records"])
+
+
+def test_evaluate_unknown_environment_fails_with_reason(tiny_model_path, offline_data, tmp_path):
+    env = job_env(tmp_path, test=offline_data["gsm8k"])
+    code, _ = run([PYTHON, "evaluate.py", "--model_name_or_path", str(tiny_model_path), "--environment", "chess"], env)
+    assert code != 0
+    reason = (tmp_path / "output" / "failure").read_text()
+    assert "--environment" in reason and "gsm8k" in reason
