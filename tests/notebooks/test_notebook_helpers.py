@@ -301,3 +301,13 @@ def test_summary_names_the_failing_notebook_and_cell(tmp_path):
     assert "01_estimator_sft.ipynb: failed" in text and "cell 7: show(...)" in text and "LookupError" in text
     assert "sft-1 -- Completed; last step 4: loss=1.25" in text
     assert "base: accuracy 0.250" in text and "trained: accuracy 0.500" in text
+
+
+def test_widget_view_shows_status_progress_and_metrics():
+    view = live._WidgetView("job", 4)
+    view.update({"TrainingJobStatus": "InProgress", "SecondaryStatus": "Training",
+                 "SecondaryStatusTransitions": [{"Status": "Training", "StatusMessage": "in progress"}]},
+                [{"step": 1, "loss": 2.0}, {"step": 2, "loss": 1.5}], ["line 1", "line 2"])
+    assert view.progress.value == 2 and view.progress.max == 4 and view.step_label.value == "2/4"
+    assert "InProgress / Training - in progress" in view.status.value
+    assert "<td>loss</td><td>1.5</td>" in view.metrics.value and view.log.value.endswith("line 2")

@@ -14,6 +14,8 @@ import tarfile
 import nbformat
 import pytest
 
+from helpers import run_notebooks
+
 # What each notebook must send, whatever the run mode: its cloud configuration. (The CI
 # parameters change the model, data and steps only.)
 PYTORCH_IMAGE = "763104351884.dkr.ecr.us-east-1.amazonaws.com/pytorch-training:2.8.0-gpu-py312"
@@ -149,8 +151,9 @@ def test_spot_job_was_interrupted_and_resumed_from_a_checkpoint(notebook_run):
     assert transitions.index("Interrupted") < len(transitions) - 1 and transitions[-1] == "Completed"
     spot = notebook_run.state["spot"]
     assert spot["job_name"] == job["job_name"] and "simulated" in spot["note"]
-    assert spot["resumed_from_step"] is not None and 1 <= spot["resumed_from_step"] < 6
-    assert job["final_metrics"]["step"] == 6
+    max_steps = run_notebooks.CI_PARAMETERS["05"]["max_steps"]
+    assert spot["resumed_from_step"] is not None and 1 <= spot["resumed_from_step"] < max_steps
+    assert job["final_metrics"]["step"] == max_steps
     assert 0 < spot["savings_percent"] < 100
 
 
@@ -158,8 +161,9 @@ def test_live_view_printed_progress_in_plain_text(notebook_run):
     nb = nbformat.read(str(notebook_run.out / "notebooks" / "03_boto3_grpo.ipynb"), as_version=4)
     text = "".join(o.get("text", "") for c in nb.cells if c.cell_type == "code" for o in c.outputs)
     (job,) = notebook_run.jobs("03")
+    steps = run_notebooks.CI_PARAMETERS["03"]["max_steps"]
     assert f"[{job['job_name']}] InProgress / Training" in text
-    assert f"[{job['job_name']}] step 3/3" in text and f"[{job['job_name']}] Completed" in text
+    assert f"[{job['job_name']}] step {steps}/{steps}" in text and f"[{job['job_name']}] Completed" in text
 
 
 def test_executed_notebooks_have_no_errors_and_show_plots(notebook_run):
