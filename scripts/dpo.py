@@ -1,6 +1,8 @@
 """Direct Preference Optimization (DPO) of a causal LM, in one plain loop.
 
-Data: channel ``train`` (``SM_CHANNEL_TRAIN``) holding ``train.jsonl``, one preference a line::
+Data: channel ``train`` (``SM_CHANNEL_TRAIN``) holding ``train.jsonl``, one preference a line
+(and optionally channel ``test`` with ``test.jsonl``, scored as ``eval_loss``,
+``eval_rewards_accuracies`` and ``eval_rewards_margins``)::
 
     {"prompt": "...", "chosen": "...", "rejected": "..."}
 
@@ -69,6 +71,8 @@ def parse_args(argv: list[str] | None = None):
     parser.add_argument("--precompute_ref_log_probs", type=str2bool, default=False,
                         help="compute the reference log-probs once before training and free the reference "
                              "model (saves memory and time per step) (default: %(default)s)")
+    parser.add_argument("--eval_every", type=int, default=0,
+                        help="with a 'test' channel: evaluate every N steps; 0 = at the end only (default: %(default)s)")
     parser.add_argument("--warmup_steps", type=int, default=10, help="linear warm-up steps (default: %(default)s)")
     parser.add_argument("--max_grad_norm", type=float, default=1.0,
                         help="clip the gradients' global norm; 0 = no clipping (default: %(default)s)")
@@ -162,6 +166,15 @@ def reference_logps_of(reference, batch: dict, learners) -> tuple[torch.Tensor, 
     return completion_logps(logits, batch["input_ids"], batch["completion_mask"]).chunk(2)
 
 
+def reference_logps_for(indices: list[int], batch: dict, reference, ref_table, learners):
+    """(chosen, rejected) reference log-probs: looked up when precomputed, else computed now."""
+    if ref_table is not None:
+        chosen = torch.tensor([ref_table[i][0] for i in indices], device=learners.device)
+        rejected = torch.tensor([ref_table[i][1] for i in indices], device=learners.device)
+        return chosen, rejected
+    return reference_logps_of(reference, batch, learners)
+
+
 def precompute_reference_logps(reference, examples: list[dict], learners, batch_size: int, pad_token_id: int):
     """[(chosen, rejected)] reference log-probs of every pair; each learner does its share."""
     mine = {}
@@ -176,6 +189,28 @@ def precompute_reference_logps(reference, examples: list[dict], learners, batch_
         torch.distributed.all_gather_object(everyone, mine)
         mine = {i: value for part in everyone for i, value in part.items()}
     return [mine[i] for i in range(len(examples))]
+
+
+def evaluate(model, reference, ref_table, examples: list[dict], learners, args, pad_token_id: int) -> dict:
+    """DPO loss, reward accuracy and margin over the whole test set (the learners share the work)."""
+    model.eval()
+    sums = torch.zeros(4, dtype=torch.float64)  # loss, accurate pairs, margins, pairs
+    with torch.no_grad():
+        for indices, counted in data.evaluation_batches(len(examples), learners, args.per_device_batch_size):
+            batch = collate_pairs([examples[i] for i in indices], pad_token_id, learners.device)
+            ref_chosen, ref_rejected = reference_logps_for(indices, batch, reference, ref_table, learners)
+            with distributed.autocast(learners):
+                logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+            chosen, rejected = completion_logps(logits, batch["input_ids"], batch["completion_mask"]).chunk(2)
+            losses, chosen_rewards, rejected_rewards = dpo_loss(chosen, rejected, ref_chosen, ref_rejected, args.beta)
+            if counted:
+                sums += torch.tensor([losses.sum().item(), (chosen_rewards > rejected_rewards).sum().item(),
+                                      (chosen_rewards - rejected_rewards).sum().item(), len(indices)],
+                                     dtype=torch.float64)
+    model.train()
+    loss, accurate, margins, pairs = distributed.all_reduce_sum(sums, learners).tolist()
+    return {"eval_loss": loss / pairs, "eval_rewards_accuracies": accurate / pairs,
+            "eval_rewards_margins": margins / pairs}
 
 
 # --------------------------------------------------------------------------- training
@@ -195,6 +230,10 @@ def main(argv: list[str] | None = None) -> None:
     rows = data.read_jsonl(train_file, FIELDS)
     examples = [tokenize_pair(tokenizer, row, args.max_prompt_length, args.max_length) for row in rows]
     log.info("%d preference pairs from %s", len(examples), train_file)
+    test_examples = []
+    if contract.has_channel("test"):
+        test_rows = data.read_jsonl(contract.channel_file("test", "test.jsonl"), FIELDS)
+        test_examples = [tokenize_pair(tokenizer, row, args.max_prompt_length, args.max_length) for row in test_rows]
 
     model = models.load_model(model_path, learners.device, trainable=True)
     model.config.use_cache = False
@@ -215,16 +254,18 @@ def main(argv: list[str] | None = None) -> None:
     checkpoint_dir = args.checkpoint_dir or contract.default_checkpoint_dir()
     checkpointer = checkpoints.Checkpointer(checkpoint_dir, learners, keep=args.keep_checkpoints)
     resumed = checkpointer.load_latest(model, optimizer, scheduler)
-    start_step, ref_table = 0, None
+    start_step, ref_table, test_ref_table = 0, None, None
     if resumed is not None:
         start_step = resumed["step"]
         batch_order.load_state_dict(resumed["extra"]["batch_order"])
-        ref_table = resumed["extra"].get("ref_logps")
+        ref_table, test_ref_table = resumed["extra"].get("ref_logps"), resumed["extra"].get("test_ref_logps")
     if args.precompute_ref_log_probs:
         if ref_table is None:
-            log.info("computing reference log-probs of %d pairs", len(examples))
+            log.info("computing reference log-probs of %d pairs", len(examples) + len(test_examples))
             ref_table = precompute_reference_logps(reference, examples, learners, args.per_device_batch_size,
                                                    tokenizer.pad_token_id)
+            test_ref_table = precompute_reference_logps(reference, test_examples, learners,
+                                                        args.per_device_batch_size, tokenizer.pad_token_id)
         del reference  # not needed any more: frees its memory
         reference = None
 
@@ -242,11 +283,7 @@ def main(argv: list[str] | None = None) -> None:
         local_sums = torch.zeros(len(STATS), dtype=torch.float64)
         for micro_step, indices in enumerate(my_micro_batches):
             batch = collate_pairs([examples[i] for i in indices], tokenizer.pad_token_id, learners.device)
-            if ref_table is not None:
-                ref_chosen = torch.tensor([ref_table[i][0] for i in indices], device=learners.device)
-                ref_rejected = torch.tensor([ref_table[i][1] for i in indices], device=learners.device)
-            else:
-                ref_chosen, ref_rejected = reference_logps_of(reference, batch, learners)
+            ref_chosen, ref_rejected = reference_logps_for(indices, batch, reference, ref_table, learners)
             last_micro_step = micro_step == len(my_micro_batches) - 1
             with distributed.gradient_sync(model, last_micro_step):  # all-reduce once, after the last
                 with distributed.autocast(learners):
@@ -270,17 +307,23 @@ def main(argv: list[str] | None = None) -> None:
         scheduler.step()
         optimizer.zero_grad(set_to_none=True)
 
-        if step % args.log_every == 0 or step == args.max_steps:
+        evaluate_now = bool(test_examples) and (step == args.max_steps or
+                                                (args.eval_every > 0 and step % args.eval_every == 0))
+        if step % args.log_every == 0 or step == args.max_steps or evaluate_now:
             means = (distributed.all_reduce_sum(local_sums, learners) / args.batch_size).tolist()
-            logger.log(step, {**dict(zip(STATS, means, strict=True)), "lr": scheduler.get_last_lr()[0],
-                              "grad_norm": grad_norm, "epoch": batch_order.epoch}, tokens=tokens_since_log)
+            record = {**dict(zip(STATS, means, strict=True)), "lr": scheduler.get_last_lr()[0],
+                      "grad_norm": grad_norm, "epoch": batch_order.epoch}
+            if evaluate_now:
+                record.update(evaluate(model, reference, test_ref_table, test_examples, learners, args,
+                                       tokenizer.pad_token_id))
+            logger.log(step, record, tokens=tokens_since_log)
             tokens_since_log = 0
 
         stop = sigterm.should_stop(learners)
         if stop or (args.checkpoint_every and step % args.checkpoint_every == 0):
             extra = {"batch_order": batch_order.state_dict()}
             if ref_table is not None:
-                extra["ref_logps"] = ref_table
+                extra.update(ref_logps=ref_table, test_ref_logps=test_ref_table)
             checkpointer.save(step, model, optimizer, scheduler, extra=extra)
         if stop:
             log.warning("stopped by SIGTERM after step %d; the checkpoint resumes from here", step)

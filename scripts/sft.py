@@ -1,6 +1,7 @@
 """Supervised fine-tuning of a causal LM on chat conversations, in one plain loop.
 
-Data: channel ``train`` (``SM_CHANNEL_TRAIN``) holding ``train.jsonl``, one conversation a line::
+Data: channel ``train`` (``SM_CHANNEL_TRAIN``) holding ``train.jsonl``, one conversation a line
+(and optionally channel ``test`` with ``test.jsonl``, scored as ``eval_loss``)::
 
     {"messages": [{"role": "system", "content": "..."},      # optional
                   {"role": "user", "content": "..."},
@@ -33,7 +34,8 @@ as ``fit({"train": "s3://.../chat/"})`` and optionally the weights as channel ``
 Checkpoints go to ``--checkpoint_dir`` (``/opt/ml/checkpoints``) every ``--checkpoint_every``
 steps and on SIGTERM; a restarted job resumes from the newest one. The final model goes to
 ``SM_MODEL_DIR`` (LoRA merged), metrics to stdout and ``$SM_OUTPUT_DATA_DIR/metrics.jsonl``:
-``loss lr grad_norm tokens epoch``.
+``loss lr grad_norm tokens epoch`` (+ ``eval_loss`` at the end and every ``--eval_every`` steps
+when a ``test`` channel is given).
 """
 
 from __future__ import annotations
@@ -70,6 +72,8 @@ def parse_args(argv: list[str] | None = None):
     parser.add_argument("--gradient_checkpointing", type=str2bool, default=False,
                         help="recompute activations in the backward pass to save memory; always on with "
                              "--strategy fsdp (default: %(default)s)")
+    parser.add_argument("--eval_every", type=int, default=0,
+                        help="with a 'test' channel: eval_loss every N steps; 0 = at the end only (default: %(default)s)")
     parser.add_argument("--lora_r", type=int, default=0, help="LoRA rank; 0 trains all weights (default: %(default)s)")
     parser.add_argument("--lora_alpha", type=int, default=32, help="LoRA scaling numerator (default: %(default)s)")
     parser.add_argument("--lora_dropout", type=float, default=0.05, help="dropout on LoRA inputs (default: %(default)s)")
@@ -157,6 +161,23 @@ def token_loss_sum(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Te
     return loss_sum, (shifted_labels != IGNORE_INDEX).sum()
 
 
+def evaluate(model, examples: list[dict], learners, micro_batch_size: int, pad_token_id: int) -> float:
+    """Mean loss over every assistant token of the test set (the learners share the work)."""
+    model.eval()
+    totals = torch.zeros(2, dtype=torch.float64)  # loss sum, target tokens
+    with torch.no_grad():
+        for indices, counted in data.evaluation_batches(len(examples), learners, micro_batch_size):
+            batch = collate([examples[i] for i in indices], pad_token_id, learners.device)
+            with distributed.autocast(learners):
+                logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+            loss_sum, count = token_loss_sum(logits, batch["labels"])
+            if counted:
+                totals += torch.tensor([loss_sum.item(), count.item()], dtype=torch.float64)
+    model.train()
+    loss_sum, count = distributed.all_reduce_sum(totals, learners).tolist()
+    return loss_sum / max(count, 1)
+
+
 # --------------------------------------------------------------------------- model
 
 
@@ -207,6 +228,10 @@ def main(argv: list[str] | None = None) -> None:
     examples = [tokenize_conversation(tokenizer, row["messages"], args.max_length) for row in rows]
     log.info("%d conversations from %s, %d assistant tokens", len(examples), train_file,
              sum(e["num_targets"] for e in examples))
+    test_examples = []
+    if contract.has_channel("test"):
+        test_rows = data.read_jsonl(contract.channel_file("test", "test.jsonl"), ["messages"], check=check_conversation)
+        test_examples = [tokenize_conversation(tokenizer, row["messages"], args.max_length) for row in test_rows]
 
     model = build_model(args, model_path, learners)
     optimizer = build_optimizer(model, args)
@@ -257,11 +282,16 @@ def main(argv: list[str] | None = None) -> None:
         optimizer.zero_grad(set_to_none=True)
 
         tokens_since_log += sum(len(examples[i]["input_ids"]) for i in global_batch)
-        if step % args.log_every == 0 or step == args.max_steps:
+        evaluate_now = bool(test_examples) and (step == args.max_steps or
+                                                (args.eval_every > 0 and step % args.eval_every == 0))
+        if step % args.log_every == 0 or step == args.max_steps or evaluate_now:
             loss = distributed.all_reduce_sum(local_loss_sum, learners).item() / num_targets
-            logger.log(step, {"loss": loss, "lr": scheduler.get_last_lr()[0], "grad_norm": grad_norm,
-                              "tokens": num_targets, "epoch": batch_order.epoch},
-                       tokens=tokens_since_log)
+            record = {"loss": loss, "lr": scheduler.get_last_lr()[0], "grad_norm": grad_norm,
+                      "tokens": num_targets, "epoch": batch_order.epoch}
+            if evaluate_now:
+                record["eval_loss"] = evaluate(model, test_examples, learners, args.per_device_batch_size,
+                                               tokenizer.pad_token_id)
+            logger.log(step, record, tokens=tokens_since_log)
             tokens_since_log = 0
 
         stop = sigterm.should_stop(learners)

@@ -11,6 +11,9 @@ API:
         position, so a resumed run sees exactly the batches an uninterrupted one would.
     shard_batch(indices, learners, micro_batch_size) -> list[list[int]]
         this learner's micro-batches of a global batch (each learner gets the same number).
+    evaluation_batches(num_examples, learners, micro_batch_size) -> list[(list[int], bool)]
+        this learner's share of a whole evaluation set; every learner gets the same number of
+        batches (FSDP's forward is a collective), the padding ones flagged ``False`` (not counted).
 """
 
 from __future__ import annotations
@@ -107,3 +110,19 @@ def shard_batch(indices: list[int], learners: Learners, micro_batch_size: int) -
     of accumulation steps when ``len(indices)`` is a multiple of world_size * micro_batch_size)."""
     chunks = [indices[i:i + micro_batch_size] for i in range(0, len(indices), micro_batch_size)]
     return chunks[learners.rank::learners.world_size]
+
+
+def evaluation_batches(num_examples: int, learners: Learners, micro_batch_size: int) -> list[tuple[list[int], bool]]:
+    """This learner's micro-batches of examples 0..num_examples-1, as ``(indices, counted)``.
+
+    Learners whose share runs out first repeat their first batch with ``counted=False``, so all
+    run the same number of forward passes (with FSDP each forward gathers parameters together).
+    """
+    chunks = [list(range(i, min(i + micro_batch_size, num_examples))) for i in range(0, num_examples, micro_batch_size)]
+    rounds = -(-len(chunks) // learners.world_size)  # ceil
+    batches = []
+    for round_index in range(rounds):
+        position = round_index * learners.world_size + learners.rank
+        counted = position < len(chunks)
+        batches.append((chunks[position] if counted else chunks[0], counted))
+    return batches

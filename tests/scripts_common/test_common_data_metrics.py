@@ -79,6 +79,17 @@ def test_shard_batch_deals_micro_batches():
     assert ranks == [[[0, 1], [4, 5]], [[2, 3], [6, 7]]]
 
 
+def test_evaluation_batches_cover_everything_once_in_equal_rounds():
+    from common.data import evaluation_batches
+    from common.distributed import Learners
+
+    shares = [evaluation_batches(7, Learners(r, 2, r, "cpu"), 3) for r in range(2)]
+    assert len(shares[0]) == len(shares[1]) == 2  # same number of forward passes on every learner
+    counted = sorted(i for share in shares for indices, use in share if use for i in indices)
+    assert counted == list(range(7))
+    assert shares[1][1] == ([0, 1, 2], False)  # the padding batch is not counted
+
+
 def test_metric_lines_match_the_notebook_regexes(tmp_path, capsys):
     from common.distributed import Learners
     from common.metrics import MetricLogger, format_metric_line

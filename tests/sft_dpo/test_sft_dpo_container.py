@@ -35,13 +35,13 @@ def _reloads_and_generates(model_dir):
 
 
 @pytest.mark.parametrize("script, dataset, names", [
-    ("sft.py", "chat", ["loss", "lr", "grad_norm"]),
+    ("sft.py", "chat", ["loss", "lr", "grad_norm", "tokens"]),
     ("dpo.py", "preferences", ["loss", "rewards_chosen", "rewards_rejected", "rewards_accuracies",
-                               "rewards_margins", "logps_chosen", "logps_rejected", "lr"]),
+                               "rewards_margins", "logps_chosen", "logps_rejected", "lr", "grad_norm"]),
 ])
 def test_script_runs_through_the_container_contract(script, dataset, names, tmp_path, offline_data, run_script,
                                                     container_env, read_metrics, tiny_args, tiny_model_path):
-    env = container_env(tmp_path, {"train": offline_data[dataset]})
+    env = container_env(tmp_path, {"train": offline_data[dataset], "test": offline_data[dataset]})
     result = run_script(script, [*tiny_args, "--max_steps", "3", "--checkpoint_every", "2"], env)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
 
@@ -51,6 +51,7 @@ def test_script_runs_through_the_container_contract(script, dataset, names, tmp_
         assert METRIC_LINE.match(line), line
         for name in names:
             _value(line, name)
+    assert "eval_loss=" in lines[-1] and "eval_loss=" not in lines[-2]  # the test channel, scored at the end
     records = read_metrics(tmp_path)
     assert [r["step"] for r in records] == [1, 2, 3]
     assert records[-1]["loss"] == pytest.approx(_value(lines[-1], "loss"), rel=1e-3)
