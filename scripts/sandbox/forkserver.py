@@ -102,7 +102,7 @@ def _vm_size_bytes() -> int:
         return int(handle.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
 
 
-def _confine_child(request: dict, config: dict, files: list[int], landlock_fd: int | None,
+def _confine_child(request: dict, config: dict, files: list[int], confined_fd: int, landlock_fd: int | None,
                    seccomp_bpf: bytes | None, interpreter_bytes: int) -> None:
     os.setsid()
     for number in (signal.SIGINT, signal.SIGTERM, signal.SIGPIPE, signal.SIGXFSZ, signal.SIGCHLD):
@@ -112,7 +112,8 @@ def _confine_child(request: dict, config: dict, files: list[int], landlock_fd: i
         confine.landlock_enforce(landlock_fd)
     for target, fd in enumerate(files):
         os.dup2(fd, target)
-    os.closerange(len(files), 1 << 16)
+    os.closerange(len(files), confined_fd)
+    os.closerange(confined_fd + 1, 1 << 16)
     workdir = config["workdir"]
     os.chdir(workdir)
     os.umask(0o077)
@@ -131,6 +132,9 @@ def _confine_child(request: dict, config: dict, files: list[int], landlock_fd: i
     confine.set_not_dumpable()
     if seccomp_bpf is not None:
         confine.load_seccomp_program(seccomp_bpf, config["pid_offsets"], os.getpid())
+    # Every layer is on: say so on a pipe the program never sees (an exit code it could fake).
+    os.write(confined_fd, b"1")
+    os.close(confined_fd)
 
 
 def _run_program(request: dict) -> int:
@@ -307,13 +311,15 @@ def run_test(request: dict, config: dict, landlock_fd: int | None,
         write_all(files[0], request["input"].encode())
         os.lseek(files[0], 0, os.SEEK_SET)
         interpreter_bytes = _vm_size_bytes()  # the child starts with the server's address space
+        confined_read, confined_write = os.pipe()
         started = time.monotonic()
         pid = os.fork()
         if pid == 0:
             code = EXIT_SETUP_FAILED
             try:
                 try:
-                    _confine_child(request, config, files, landlock_fd, seccomp_bpf, interpreter_bytes)
+                    _confine_child(request, config, files, confined_write, landlock_fd, seccomp_bpf,
+                                   interpreter_bytes)
                 except BaseException as exc:
                     import traceback
                     os.write(2, f"sandbox set-up failed: {exc!r}\n{traceback.format_exc()}".encode())
@@ -321,13 +327,17 @@ def run_test(request: dict, config: dict, landlock_fd: int | None,
                 code = _run_program(request)
             finally:
                 os._exit(code)
+        os.close(confined_write)
         timed_out = _wait(pid, started, request["time_limit"], request["wall_limit"])
         if timed_out:
             os.kill(pid, signal.SIGKILL)
         _, status, usage = os.wait4(pid, 0)
         wall = time.monotonic() - started
         leftovers = sweep(config["uid"], pid)
+        confined = os.read(confined_read, 1) == b"1"  # the child has exited: never blocks
+        os.close(confined_read)
         header = {
+            "confined": confined,
             "exit_code": os.waitstatus_to_exitcode(status) if os.WIFEXITED(status) else None,
             "signal": os.WTERMSIG(status) if os.WIFSIGNALED(status) else None,
             "timed_out": timed_out, "wall": round(wall, 4),

@@ -33,7 +33,7 @@ from pathlib import Path
 from . import checker, confine
 
 SERVER = Path(__file__).resolve().parent / "forkserver.py"
-EXIT_MEMORY, EXIT_SETUP_FAILED = 120, 121
+EXIT_MEMORY = 120  # the program raised MemoryError (forkserver.py)
 
 ACCEPTED = "accepted"
 VERDICTS = ("accepted", "wrong_answer", "time_limit", "memory_limit", "output_limit", "runtime_error",
@@ -88,7 +88,7 @@ class SandboxError(RuntimeError):
 def classify(answer: dict, stdout: bytes, result: bytes, test: dict, problem: dict, limits: Limits) -> TestOutcome:
     header_signal, code = answer["signal"], answer["exit_code"]
     outcome = TestOutcome("", answer["wall"], answer["cpu"], answer["max_rss_kb"])
-    if code == EXIT_SETUP_FAILED:
+    if not answer["confined"]:  # a layer failed to apply: the program never ran
         outcome.verdict, outcome.detail = "judge_error", answer.get("stderr", "")
     elif header_signal == signal.SIGSYS:
         outcome.verdict = "sandbox_violation"

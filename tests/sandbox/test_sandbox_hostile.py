@@ -128,6 +128,8 @@ def test_legitimate_program_is_accepted(judge_sandbox, name):
 
 def test_runtime_error_and_syntax_error(judge_sandbox):
     assert run(judge_sandbox, "raise ValueError('boom')\n").verdict == "runtime_error"
+    # The sandbox's own failure is told on a pipe the program never sees, not by an exit code.
+    assert run(judge_sandbox, "import os\nos._exit(121)\n").verdict == "runtime_error"
     syntax = run(judge_sandbox, "def f(:\n")
     assert syntax.verdict == "runtime_error" and "SyntaxError" in syntax.detail
 
