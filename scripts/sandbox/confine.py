@@ -17,6 +17,12 @@ Each layer stands on its own so that one missing layer never opens the sandbox b
 - ``subreaper``  the fork server adopts orphans (PR_SET_CHILD_SUBREAPER) and sweeps them after
                 every test, so nothing outlives a test even in a container without an init.
 
+What each layer leaves to the others (so the self-test asks for at least one layer per attack):
+seccomp cannot see paths (Landlock and the uid confine reads); Landlock does not cover UDP or
+fork (seccomp does); the uid alone leaves world-writable directories and UDP open; rlimits
+bound time, memory and output but not what a program touches. Namespaces are not used: a
+SageMaker container (unprivileged, default seccomp profile) cannot create them.
+
 Everything here is standard library plus ``pyseccomp`` (ctypes over libseccomp); it runs both in
 the fork server (per test, in the forked child) and in the training process (for the probes).
 """

@@ -10,6 +10,13 @@ and compare stdout with ``output``) or "functional" (``fn_name`` is called with 
 list ``input`` and its return value compared with the JSON value ``output``), optional
 ``float_tolerance``. Expected outputs never leave this process: the sandbox receives only the
 program and one test's input.
+
+A test's verdict, first match wins: ``judge_error`` (a layer failed to apply; the program did
+not run), ``sandbox_violation`` (killed by seccomp), ``memory_limit`` (MemoryError),
+``time_limit`` (CPU time over the limit or the wall clock over ``Limits.wall``),
+``output_limit`` (output reached ``Limits.output_bytes``), ``runtime_error`` (non-zero exit,
+signal, uncaught exception, syntax error), then ``accepted`` or ``wrong_answer`` from the checker.
+A program's verdict is its first failing test's, ``no_code`` when the completion had no program.
 """
 
 from __future__ import annotations
