@@ -192,6 +192,15 @@ def grpo_loss(logprobs, old_logprobs, ref_logprobs, advantages, mask, *, loss_ty
 # --------------------------------------------------------------------------- generation
 
 
+def is_fsdp(model) -> bool:
+    """Whether ``model`` is sharded with FSDP2 (``--strategy fsdp``)."""
+    try:
+        from torch.distributed.fsdp import FSDPModule
+    except ImportError:
+        return False
+    return isinstance(model, FSDPModule)
+
+
 class HFGenerator:
     """Sampling with transformers' ``generate``: KV cache, every group of the step in one batched call,
     prompts padded on the left so all completions start at the same column."""
@@ -205,6 +214,9 @@ class HFGenerator:
         eos = model.generation_config.eos_token_id
         eos = eos if isinstance(eos, list) else [eos] if eos is not None else []
         self.stop_ids = sorted(set(eos) | {tokenizer.eos_token_id})
+        # FSDP layers gather their weights in every forward, a collective: learners that finish their
+        # completions early must keep stepping until all have finished, or the others wait forever.
+        self.synced_gpus = learners.world_size > 1 and is_fsdp(model)
 
     def _generation_config(self, greedy: bool):
         from transformers import GenerationConfig
@@ -237,7 +249,8 @@ class HFGenerator:
         model.generation_config = self._generation_config(greedy)
         try:
             with distributed.autocast(self.learners):
-                output = model.generate(input_ids=input_ids, attention_mask=attention_mask)
+                output = model.generate(input_ids=input_ids, attention_mask=attention_mask,
+                                        synced_gpus=self.synced_gpus)
         finally:
             model.generation_config = saved_config
             model.train(was_training)

@@ -187,12 +187,14 @@ def test_resume_after_sigterm_matches_uninterrupted(reference_run, digit_task, t
     assert_same_as_reference(tmp_path, reference_run[0])
 
 
-def test_two_learners_under_torchrun(tiny_model_path, offline_data, tmp_path):
+@pytest.mark.parametrize("strategy", ["ddp", pytest.param("fsdp", marks=pytest.mark.slow)])
+def test_two_learners_under_torchrun(tiny_model_path, offline_data, tmp_path, strategy):
     torchrun = shutil.which("torchrun", path=str(Path(PYTHON).parent))
     command = [torchrun, "--standalone", "--nproc_per_node", "2", "grpo.py", "--model_name_or_path",
                str(tiny_model_path), "--checkpoint_dir", str(tmp_path / "checkpoints"), "--max_steps", "2",
                "--prompts_per_step", "2", "--num_generations", "4", "--micro_batch_size", "2",
-               "--max_new_tokens", "8", "--learning_rate", "1e-3", "--checkpoint_every", "1"]
+               "--max_new_tokens", "8", "--learning_rate", "1e-3", "--checkpoint_every", "1", "--strategy", strategy,
+               "--beta", "0.04", "--num_iterations", "2"]
     code, output = run(command, job_env(tmp_path, train=offline_data["gsm8k"]))
     assert code == 0, output
     assert [line.split()[0] for line in metric_lines(output)] == ["step=1", "step=2"]  # rank 0 only
