@@ -2,7 +2,8 @@
 
 The model comes from the ``model`` channel (for example the ``model.tar.gz`` of a training job)
 or ``--model_name_or_path``; the examples from channel ``test`` (``test.jsonl``), read and scored by
-the environment named with ``--environment``. Prints one metric line::
+the environment named with ``--environment`` (``gsm8k``: the final number; ``code``: the programs
+run against the tests in a sandbox, after its self-test). Prints one metric line::
 
     step=0 accuracy=0.4312 mean_reward=0.4312 n=1319
 
@@ -15,8 +16,10 @@ By hand:
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
+import os
 import time
 
 import grpo
@@ -47,6 +50,21 @@ def build_parser() -> contract.HyperparameterParser:
     return parser
 
 
+def open_environment(name: str, stack: contextlib.ExitStack):
+    """The environment called ``name``; code problems get a started sandbox as their judge (closed by ``stack``)."""
+    if name != "code":
+        return make_environment(name)
+    from environments.code import local_judge
+    from sandbox import Sandbox, SandboxEscape, run_selftest
+
+    sandbox = stack.enter_context(Sandbox(workers=os.cpu_count() or 1))
+    try:  # programs written by the model are untrusted: judge only in a sandbox that contains attacks
+        run_selftest(sandbox, log=log.info)
+    except SandboxEscape as escape:
+        raise contract.UserError(f"The sandbox is not safe on this machine, so code is not judged.\n{escape}") from None
+    return make_environment("code", judge=local_judge(sandbox))
+
+
 def main() -> None:
     args = build_parser().parse()
     if args.batch_size < 1 or args.max_new_tokens < 1:
@@ -54,11 +72,14 @@ def main() -> None:
     args.temperature = 1.0  # unused by greedy decoding; the generators take one
     torch.manual_seed(args.seed)
     learners = distributed.single_learner()
+    with contextlib.ExitStack() as stack:
+        evaluate(args, learners, open_environment(args.environment, stack))
 
+
+def evaluate(args, learners, env) -> None:
     model_path = models.resolve_model_path(args.model_name_or_path)
     tokenizer = models.load_tokenizer(model_path)
     model = models.load_model(model_path, learners.device, trainable=False)
-    env = make_environment(args.environment)
     examples = env.load(contract.channel_file("test", "test.jsonl"))
     if args.max_examples > 0:
         examples = examples[:args.max_examples]
@@ -72,7 +93,9 @@ def main() -> None:
         _, completions = generator.generate(prompts, num_generations=1, greedy=True)
         for offset, (example, completion, score) in enumerate(zip(batch, completions, env.score(batch, completions),
                                                                    strict=True)):
-            records.append({"index": start + offset, "example": example, "completion": completion, **score})
+            # A code problem's tests can take megabytes: the record keeps the rest of the example.
+            shown = {key: value for key, value in example.items() if key != "tests"}
+            records.append({"index": start + offset, "example": shown, "completion": completion, **score})
         log.info("evaluated %d/%d examples", len(records), len(examples))
 
     mean_reward = sum(float(r["reward"]) for r in records) / len(records)

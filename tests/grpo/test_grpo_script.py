@@ -261,3 +261,16 @@ def test_evaluate_unknown_environment_fails_with_reason(tiny_model_path, offline
     assert code != 0
     reason = (tmp_path / "output" / "failure").read_text()
     assert "--environment" in reason and "gsm8k" in reason
+
+
+def test_evaluate_code_environment_judges_in_the_sandbox(tiny_model_path, offline_data, tmp_path):
+    env = job_env(tmp_path, test=offline_data["code"])
+    code, output = run([PYTHON, "evaluate.py", "--model_name_or_path", str(tiny_model_path), "--environment", "code",
+                        "--max_new_tokens", "8", "--max_examples", "2"], env)
+    assert code == 0, output
+    assert "sandbox self-test" in output
+    assert re.fullmatch(r"step=0 accuracy=0 mean_reward=0 n=2", metric_lines(output)[0])
+    result = json.loads((tmp_path / "model" / "evaluation.json").read_text())
+    # the tiny model writes no program, and the verdict says so
+    assert [r["verdict"] for r in result["records"]] == ["no_code", "no_code"]
+    assert all("tests" not in r["example"] and r["total"] == 4 for r in result["records"])
