@@ -32,6 +32,7 @@ import torch
 from common import checkpoints, contract, data, distributed, metrics, models
 from common.contract import UserError
 from environments import Environment
+from transformers import get_constant_schedule_with_warmup, get_cosine_schedule_with_warmup
 
 log = logging.getLogger("grpo")
 
@@ -358,8 +359,7 @@ def train(args, env: Environment, learners: distributed.Learners) -> bool:
     reference = models.load_model(model_path, learners.device, trainable=False) if args.beta != 0.0 else None
     model = distributed.wrap_model(policy, learners, args.strategy)
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.learning_rate, weight_decay=args.weight_decay)
-    from transformers import get_constant_schedule_with_warmup, get_cosine_schedule_with_warmup
-
+    # One optimizer update per iteration: the schedule counts updates, the options count steps.
     total_updates = args.max_steps * args.num_iterations
     warmup_updates = args.warmup_steps * args.num_iterations
     if args.lr_scheduler == "cosine":
@@ -439,8 +439,10 @@ def train(args, env: Environment, learners: distributed.Learners) -> bool:
         for _ in range(args.num_iterations):
             for index, mb in enumerate(micro_batches):
                 last = index == len(micro_batches) - 1
-                with distributed.gradient_sync(model, enabled=last), distributed.autocast(learners):
-                    logprobs = completion_logprobs(model, input_ids[mb], attention_mask[mb], num_tokens, args.temperature)
+                with distributed.gradient_sync(model, enabled=last):  # gradients are averaged on the last one
+                    with distributed.autocast(learners):
+                        logprobs = completion_logprobs(model, input_ids[mb], attention_mask[mb], num_tokens,
+                                                       args.temperature)
                     # With one update per batch the old policy is the current one: ratio = 1, gradient unchanged.
                     old = logprobs.detach() if old_logprobs is None else old_logprobs[mb]
                     loss, stats = grpo_loss(
