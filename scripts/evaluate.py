@@ -1,6 +1,6 @@
 """Evaluate a model on a test set: greedy decoding, the environment's checker, accuracy.
 
-The model comes from the ``model`` channel (for example the ``model.tar.gz`` of a training job)
+The model comes from the ``model`` channel (a model folder, or the ``model.tar.gz`` of a training job)
 or ``--model_name_or_path``; the examples from channel ``test`` (``test.jsonl``), read and scored by
 the environment named with ``--environment`` (``gsm8k``: the final number; ``code``: the programs
 run against the tests in a sandbox, after its self-test). Prints one metric line::
@@ -77,6 +77,7 @@ def main() -> None:
 
 
 def evaluate(args, learners, env) -> None:
+    grpo.unpack_model_archive(learners)  # channel 'model' may be a training job's model.tar.gz
     model_path = models.resolve_model_path(args.model_name_or_path)
     tokenizer = models.load_tokenizer(model_path)
     model = models.load_model(model_path, learners.device, trainable=False)

@@ -240,13 +240,26 @@ def test_unknown_hyperparameter_is_refused():
 
 
 def test_evaluate_end_to_end(tiny_model_path, offline_data, tmp_path):
-    # the model arrives as the 'model' channel, which wins over --model_name_or_path
-    env = job_env(tmp_path, test=offline_data["gsm8k"], model=tiny_model_path)
+    # The model arrives as channel 'model' (which wins over --model_name_or_path) holding a training
+    # job's model.tar.gz, which SageMaker does not unpack.
+    import tarfile
+
+    channel = tmp_path / "model-channel"
+    channel.mkdir()
+    with tarfile.open(channel / "model.tar.gz", "w:gz") as archive:
+        for file in Path(tiny_model_path).iterdir():
+            archive.add(file, arcname=file.name)
+    env = job_env(tmp_path, test=offline_data["gsm8k"], model=channel)
+    env["TMPDIR"] = str(tmp_path / "tmp")
+    (tmp_path / "tmp").mkdir()
     code, output = run([PYTHON, "evaluate.py", "--model_name_or_path", "Qwen/does-not-exist", "--environment", "gsm8k",
                         "--max_new_tokens", "8", "--batch_size", "3"], env)
     assert code == 0, output
     line = metric_lines(output)[0]
     assert re.fullmatch(r"step=0 accuracy=[0-9.]+ mean_reward=[0-9.]+ n=8", line), line
+    unpacked = [p for p in (tmp_path / "tmp").iterdir() if p.name.startswith("model-channel-")]
+    assert len(unpacked) == 1 and (unpacked[0] / "config.json").is_file()
+    assert json.loads((tmp_path / "model" / "evaluation.json").read_text())["model"] == str(unpacked[0])
     for folder in (tmp_path / "output" / "data", tmp_path / "model"):
         result = json.loads((folder / "evaluation.json").read_text())
         assert result["n"] == 8 and len(result["records"]) == 8
