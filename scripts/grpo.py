@@ -436,6 +436,9 @@ def train(args, env: Environment, learners: distributed.Learners) -> bool:
         started = time.perf_counter()
         group_examples = [examples[i] for i in indices for _ in range(args.num_generations)]
         scores = env.score(group_examples, completion_texts)
+        if len(scores) != len(completion_texts):
+            raise RuntimeError(f"{type(env).__name__}.score returned {len(scores)} scores for "
+                               f"{len(completion_texts)} completions; it must return one per completion.")
         rewards = torch.tensor([s["reward"] + args.format_reward_weight * s.get("format_reward", 0.0)
                                 for s in scores], dtype=torch.float32, device=learners.device)
         reward_time = time.perf_counter() - started

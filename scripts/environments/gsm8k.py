@@ -24,7 +24,7 @@ SYSTEM_PROMPT = "You are a helpful assistant. Solve the problem step by step and
 
 # A number as people write it in answers: optional sign (not a hyphen between two words or numbers),
 # optional dollar sign, digits with thousands separators or plain, optional decimals, optional /denominator.
-NUMBER = r"(?:(?<![\w)])[-+])?\$?\s?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?:\s?/\s?\d+(?:\.\d+)?)?"
+NUMBER = r"(?:(?<![\w)])[-+])?(?:\$\s?)?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?:\s?/\s?\d+(?:\.\d+)?)?"
 NUMBER_RE = re.compile(NUMBER)
 FINAL_LINE_RE = re.compile(r"####\s*(" + NUMBER + r")\s*$")
 FRAC_RE = re.compile(r"\\d?frac\{([^{}]*)\}\{([^{}]*)\}")

@@ -46,6 +46,9 @@ def test_checker_table(completion, reference, expected):
 def test_extraction_and_parsing_details():
     assert extract_answer("no number here") is None
     assert extract_answer("#### 1,000") == "1,000"
+    assert extract_answer("She has 10 - 3 left") == "3"  # a minus between numbers is not a sign
+    assert extract_answer("It costs $ 12") == "$ 12"
+    assert extract_answer("It went from 5 to -8") == "-8"
     assert parse_number("1,000") == 1000
     assert parse_number("$5.00") == 5
     assert parse_number("72.0") == 72
