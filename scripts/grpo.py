@@ -461,6 +461,7 @@ def train(args, env: Environment, learners: distributed.Learners) -> bool:
         tokens_per_learner = float(distributed.all_reduce_sum(mask.sum(), learners)) / learners.world_size
 
         # Log-probs before any update (the "old" policy of the ratio) and of the reference model, computed once.
+        model.train()  # the mode the updates run in, so old and new log-probs are computed alike
         old_logprobs = ref_logprobs = None
         with torch.no_grad(), distributed.autocast(learners):
             if args.num_iterations > 1:
@@ -470,7 +471,6 @@ def train(args, env: Environment, learners: distributed.Learners) -> bool:
                 ref_logprobs = torch.cat([completion_logprobs(reference, input_ids[mb], attention_mask[mb], num_tokens,
                                                               args.temperature) for mb in micro_batches])
 
-        model.train()
         loss_sum = clipped_tokens = kl_sum = grad_norm_sum = 0.0
         for _ in range(args.num_iterations):
             for index, mb in enumerate(micro_batches):
