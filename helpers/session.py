@@ -82,7 +82,9 @@ def _aws_unreachable_reason(region: str) -> str | None:
     return None
 
 
-def make_session(run_mode: str = "auto", region: str | None = None, default_bucket: str | None = None) -> sagemaker.Session:
+def make_session(
+    run_mode: str = "auto", region: str | None = None, default_bucket: str | None = None
+) -> sagemaker.Session:
     """A sagemaker.Session for SageMaker (``"sagemaker"``), this machine (``"local"``) or
     whichever is available (``"auto"``: local when no AWS credentials or execution role)."""
     if run_mode not in RUN_MODES:

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import boto3
 
-from . import runner
+from . import hosts, runner
 from .api import ACCOUNT_ID, SageMakerAPI
 from .aws import LocalAWS, say
 from .runner import NOMINAL_SPOT_DISCOUNT
@@ -51,6 +51,7 @@ def activate(region: str = "us-east-1", root: str | os.PathLike | None = None) -
     _active = LocalAWS(root, region)
     _active.botocore_session.register("before-call.sagemaker", SageMakerAPI(_active))
     boto3.DEFAULT_SESSION = _active.session
+    hosts.warm_up()
     return _active.session
 
 
@@ -79,7 +80,9 @@ def deactivate() -> None:
 atexit.register(deactivate)
 
 
-def simulate_spot_interruption(job_name: str, after_step: int | None = None, after_seconds: float | None = None) -> None:
+def simulate_spot_interruption(
+    job_name: str, after_step: int | None = None, after_seconds: float | None = None
+) -> None:
     """Interrupt a running managed spot job as EC2 reclaiming its capacity would.
 
     The hosts get SIGTERM (then SIGKILL after a grace period), checkpoints are synced to

@@ -57,7 +57,12 @@ class SageMakerAPI:
         except ServiceError as error:
             parsed = {"Error": {"Code": error.code, "Message": error.message}}
             status = error.status
-        parsed["ResponseMetadata"] = {"RequestId": request_id, "HTTPStatusCode": status, "HTTPHeaders": {}, "RetryAttempts": 0}
+        parsed["ResponseMetadata"] = {
+            "RequestId": request_id,
+            "HTTPStatusCode": status,
+            "HTTPHeaders": {},
+            "RetryAttempts": 0,
+        }
         return AWSResponse(params.get("url", "https://api.sagemaker.local/"), status, {}, None), parsed
 
     # ---- operations ----------------------------------------------------------------------------
@@ -89,7 +94,11 @@ class SageMakerAPI:
                 "CreationTime": now,
                 "LastModifiedTime": now,
                 "SecondaryStatusTransitions": [
-                    {"Status": "Starting", "StartTime": now, "StatusMessage": "Launching requested ML instances"}
+                    {
+                        "Status": "Starting",
+                        "StartTime": now,
+                        "StatusMessage": "Launching requested ML instances",
+                    }
                 ],
                 "_owner": _process_identity(),
             }
@@ -141,7 +150,9 @@ class SageMakerAPI:
         ):
             if key in request:
                 jobs = [j for j in jobs if keep(j, float(request[key]))]
-        sort_key = {"Name": "TrainingJobName", "Status": "TrainingJobStatus"}.get(request.get("SortBy"), "CreationTime")
+        sort_key = {"Name": "TrainingJobName", "Status": "TrainingJobStatus"}.get(
+            request.get("SortBy"), "CreationTime"
+        )
         jobs.sort(key=lambda j: j[sort_key], reverse=request.get("SortOrder", "Descending") == "Descending")
         start = int(request.get("NextToken", 0))
         size = request.get("MaxResults", 10)

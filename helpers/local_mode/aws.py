@@ -119,7 +119,9 @@ class LocalAWS:
         message = message or " "  # CloudWatch rejects empty events
         with self._lock:
             self.logs.put_log_events(
-                logGroupName=LOG_GROUP, logStreamName=stream, logEvents=[{"timestamp": millis, "message": message}]
+                logGroupName=LOG_GROUP,
+                logStreamName=stream,
+                logEvents=[{"timestamp": millis, "message": message}],
             )
         self.storage.append_log(job, stream, [(millis, message)])
 

@@ -16,11 +16,15 @@ Two layouts, chosen once per process and said in the live log:
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
+import queue
 import shutil
 import subprocess
 import sys
+import threading
+import time
 from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
@@ -38,12 +42,18 @@ _IN_NAMESPACE = (
 
 @cache
 def isolation() -> str:
-    if os.environ.get("SAGEMAKER_LOCAL_NO_NAMESPACES") == "1" or os.geteuid() != 0 or not shutil.which("unshare"):
+    if (
+        os.environ.get("SAGEMAKER_LOCAL_NO_NAMESPACES") == "1"
+        or os.geteuid() != 0
+        or not shutil.which("unshare")
+    ):
         return LOOPBACK
     try:
         os.makedirs("/opt/ml", exist_ok=True)
         probe = subprocess.run(
-            ["unshare", "--mount", "--uts", "--propagation", "private", "true"], capture_output=True, timeout=10
+            ["unshare", "--mount", "--uts", "--propagation", "private", "true"],
+            capture_output=True,
+            timeout=10,
         )
     except (OSError, subprocess.SubprocessError):
         return LOOPBACK
@@ -99,8 +109,12 @@ def write_config(host: Host, hosts: list[Host], request: dict, hyperparameters: 
     }
     channels = {
         c["ChannelName"]: {
-            "TrainingInputMode": c.get("InputMode", request["AlgorithmSpecification"].get("TrainingInputMode", "File")),
-            "S3DistributionType": c["DataSource"]["S3DataSource"].get("S3DistributionType", "FullyReplicated"),
+            "TrainingInputMode": c.get(
+                "InputMode", request["AlgorithmSpecification"].get("TrainingInputMode", "File")
+            ),
+            "S3DistributionType": c["DataSource"]["S3DataSource"].get(
+                "S3DistributionType", "FullyReplicated"
+            ),
             "RecordWrapperType": c.get("RecordWrapperType", "None"),
             **({"ContentType": c["ContentType"]} if "ContentType" in c else {}),
         }
@@ -159,3 +173,143 @@ def link_or_copy_tree(src: Path, dst: Path) -> None:
             os.link(path, target)
         except OSError:
             shutil.copy2(path, target)
+
+
+# ---- starting a host ---------------------------------------------------------------------------
+class _WarmStarter:
+    """The warm_start.py server of this process (torch imported once, a fork per host)."""
+
+    def __init__(self):
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("SM_", "SAGEMAKER_BASE_DIR"))}
+        self._server = subprocess.Popen(
+            [sys.executable, "-u", "-P", str(Path(__file__).with_name("warm_start.py"))],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            env=env,
+            start_new_session=True,
+        )
+        self._ids = itertools.count()
+        self._started: dict[int, queue.Queue] = {}
+        self._exits: dict[int, int] = {}
+        self._lock = threading.Lock()
+        threading.Thread(target=self._read_replies, name="local-mode-warm-start", daemon=True).start()
+
+    def alive(self) -> bool:
+        return self._server.poll() is None
+
+    def _read_replies(self) -> None:
+        for line in self._server.stdout:
+            message = json.loads(line)
+            if "exited" in message:
+                with self._lock:
+                    self._exits[message["exited"]] = message["code"]
+            else:
+                self._started[message["id"]].put(message["pid"])
+        with self._lock:  # the server died: its children were re-parented and cannot report
+            self._exits = _ExitedUnknown(self._exits)
+
+    def start(self, env: dict, cwd: Path, output: Path, namespace: list[str] | None) -> WarmHostProcess:
+        request_id = next(self._ids)
+        self._started[request_id] = queue.Queue()
+        request = {
+            "id": request_id,
+            "env": env,
+            "cwd": str(cwd),
+            "output": str(output),
+            "namespace": namespace,
+        }
+        self._server.stdin.write((json.dumps(request) + "\n").encode())
+        self._server.stdin.flush()
+        try:
+            pid = self._started[request_id].get(timeout=60)
+        finally:
+            del self._started[request_id]
+        return WarmHostProcess(self, pid, output)
+
+    def exit_code(self, pid: int) -> int | None:
+        with self._lock:
+            return self._exits.get(pid)
+
+
+class _ExitedUnknown(dict):
+    """After the server died every host counts as killed."""
+
+    def get(self, pid, default=None):
+        return super().get(pid, -9)
+
+
+class WarmHostProcess:
+    """What the runner needs of a Popen, for a host forked by the warm server."""
+
+    def __init__(self, starter: _WarmStarter, pid: int, output: Path):
+        self._starter, self.pid, self._output = starter, pid, output
+        self._stdout = None
+
+    @property
+    def stdout(self):
+        if self._stdout is None:
+            self._stdout = open(self._output, "rb")  # noqa: SIM115  blocks until the host opens its end
+        return self._stdout
+
+    def poll(self) -> int | None:
+        code = self._starter.exit_code(self.pid)
+        if code is not None and self._stdout is None:
+            self._release_reader()
+        return code
+
+    def _release_reader(self) -> None:
+        """A host that died before opening its output would leave the reader waiting: open and close
+        the writing end once so that the reader sees the end of the output."""
+        try:
+            os.close(os.open(self._output, os.O_WRONLY | os.O_NONBLOCK))
+        except OSError:
+            pass  # no reader waiting
+
+    def wait(self) -> int:
+        while (code := self.poll()) is None:
+            time.sleep(0.05)
+        return code
+
+
+_warm: _WarmStarter | None = None
+_warm_lock = threading.Lock()
+
+
+def warm_up() -> None:
+    """Start the warm server early (it imports torch in the background) so the first job is quick."""
+    _warm_starter()
+
+
+def _warm_starter() -> _WarmStarter | None:
+    """The warm server, started on first use; None where it cannot run (then: plain processes)."""
+    global _warm
+    if os.environ.get("SAGEMAKER_LOCAL_WARM_START", "1") == "0":
+        return None
+    with _warm_lock:
+        if _warm is None or not _warm.alive():
+            try:
+                _warm = _WarmStarter()
+            except OSError:
+                return None
+        return _warm
+
+
+def start_host(host: Host, run_dir: Path, env: dict[str, str]):
+    """Start the toolkit for one host: forked warm when possible, else a fresh process."""
+    starter = _warm_starter()
+    if starter is not None:
+        output = run_dir / f"{host.name}.output"
+        os.mkfifo(output)
+        namespace = (
+            [str(run_dir / "etc_hosts"), str(host.tree), host.name] if isolation() == NAMESPACES else None
+        )
+        return starter.start(env, host.tree, output, namespace)
+    return subprocess.Popen(
+        host_command(host, run_dir),
+        env=env,
+        cwd=host.tree,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+        start_new_session=True,  # its own process group: stopping reaches torchrun's workers
+    )

@@ -23,6 +23,7 @@ import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import tarfile
 import tempfile
@@ -42,6 +43,8 @@ NOMINAL_SPOT_DISCOUNT = 0.70
 STOP_GRACE_SECONDS = 10  # SIGTERM -> SIGKILL on stop, spot interruption, limits
 PEER_GRACE_SECONDS = 5  # SIGTERM -> SIGKILL for the hosts left after one failed
 CHECKPOINT_SYNC_SECONDS = 5
+TORCHRUN_PORT = 7777  # sagemaker_training.torch_distributed.MASTER_PORT
+PORT_WAIT_SECONDS = 30
 PYTORCH_TRAINING_MODULE = "sagemaker_pytorch_container.training:main"
 STEP_LINE = re.compile(r"\bstep=(\d+)")
 
@@ -142,7 +145,9 @@ class TrainingJob:
                 return lock_file
             except BlockingIOError:
                 if not said:
-                    self._say("waiting for the local job already running to finish (one at a time: port 7777)")
+                    self._say(
+                        "waiting for the local job already running to finish (one at a time: port 7777)"
+                    )
                     said = True
                 if self._stop_requested():
                     lock_file.close()
@@ -164,7 +169,9 @@ class TrainingJob:
         self._secondary("Starting", "Preparing the instances for training")
         if self._stop_requested():
             raise _Outcome("Stopped")
-        hyperparameters = {k: json.loads(v) if _is_json(v) else v for k, v in request.get("HyperParameters", {}).items()}
+        hyperparameters = {
+            k: json.loads(v) if _is_json(v) else v for k, v in request.get("HyperParameters", {}).items()
+        }
         module = training_module_for(request["AlgorithmSpecification"].get("TrainingImage", ""))
         self._say(
             f"{count} host{'s' if count > 1 else ''} ({hostlib.isolation()}), image -> "
@@ -237,7 +244,10 @@ class TrainingJob:
             self._secondary(kind, message, primary="Stopped")
         else:
             self._secondary("Stopped", "Training job stopped", primary="Stopped")
-        self._say(f"{self.job['TrainingJobStatus']} ({self.job['SecondaryStatus']})" + (f": {reason[:300]}" if reason else ""))
+        self._say(
+            f"{self.job['TrainingJobStatus']} ({self.job['SecondaryStatus']})"
+            + (f": {reason[:300]}" if reason else "")
+        )
 
     # ---- downloads and layout ------------------------------------------------------------------
     def _download_code(self, hyperparameters: dict, target: Path) -> Path | None:
@@ -245,7 +255,9 @@ class TrainingJob:
         if not uri:
             return None
         if not str(uri).startswith("s3://"):
-            raise _Outcome("Failed", f"ClientError: sagemaker_submit_directory must be an s3:// URI, got {uri!r}.")
+            raise _Outcome(
+                "Failed", f"ClientError: sagemaker_submit_directory must be an s3:// URI, got {uri!r}."
+            )
         bucket, key = _split_s3(uri)
         body = self._get_object(bucket, key, what="source code (sagemaker_submit_directory)")
         target.mkdir(parents=True)
@@ -300,7 +312,9 @@ class TrainingJob:
         try:
             return self.aws.s3.get_object(Bucket=bucket, Key=key)["Body"].read()
         except self.aws.s3.exceptions.ClientError as error:
-            raise _Outcome("Failed", f"ClientError: Data download failed for {what}: s3://{bucket}/{key}: {error}") from None
+            raise _Outcome(
+                "Failed", f"ClientError: Data download failed for {what}: s3://{bucket}/{key}: {error}"
+            ) from None
 
     def _lay_out_hosts(self, attempt, count, hyperparameters, code_dir, channels) -> list[hostlib.Host]:
         run_dir = self.run_dir / f"attempt-{attempt}"
@@ -324,7 +338,9 @@ class TrainingJob:
                         target = destination / path.relative_to(folder)
                         target.parent.mkdir(parents=True, exist_ok=True)
                         shutil.copy2(path, target)
-            host.checkpoints = host.path(self.job.get("CheckpointConfig", {}).get("LocalPath", "/opt/ml/checkpoints"))
+            host.checkpoints = host.path(
+                self.job.get("CheckpointConfig", {}).get("LocalPath", "/opt/ml/checkpoints")
+            )
             host.checkpoints.mkdir(parents=True, exist_ok=True)
         return hosts
 
@@ -378,20 +394,35 @@ class TrainingJob:
             pump.join(timeout=10)  # the last lines reach the logs before the job is reported done
         return outcome
 
+    def _wait_for_torchrun_port(self) -> None:
+        """torchrun's rendezvous listens on port 7777 (fixed by the toolkit) on algo-1."""
+        deadline = time.time() + PORT_WAIT_SECONDS
+        said = False
+        while (holder := _port_holder(TORCHRUN_PORT)) is not None:
+            if time.time() > deadline:
+                raise _Outcome(
+                    "Failed",
+                    f"ClientError: port {TORCHRUN_PORT}, where the training toolkit starts torchrun's "
+                    f"rendezvous on algo-1, is taken on this machine by {holder}. Stop that process and "
+                    "run the job again.",
+                )
+            if not said:
+                self._say(f"port {TORCHRUN_PORT} is taken by {holder}; waiting up to {PORT_WAIT_SECONDS}s")
+                said = True
+            if self._stop_requested():
+                raise _Outcome("Stopped")
+            time.sleep(0.5)
+
     def _watch(self, hosts):
+        if len(hosts) > 1:
+            self._wait_for_torchrun_port()
         module = training_module_for(self.job["AlgorithmSpecification"].get("TrainingImage", ""))
         processes, pumps = [], []
         for host in hosts:
             stream = self._streams.setdefault(host.name, f"{self.name}/{host.name}-{int(time.time())}")
             self.aws.create_log_stream(stream)
-            process = subprocess.Popen(
-                hostlib.host_command(host, host.tree.parents[2]),
-                env=hostlib.host_environment(host, self.job, self.aws.region, module),
-                cwd=host.tree,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                start_new_session=True,  # its own process group: stopping reaches torchrun's workers
+            process = hostlib.start_host(
+                host, host.tree.parents[2], hostlib.host_environment(host, self.job, self.aws.region, module)
             )
             processes.append(process)
             pumps.append(threading.Thread(target=self._pump, args=(process, stream), daemon=True))
@@ -443,7 +474,8 @@ class TrainingJob:
 
     def _pump(self, process: subprocess.Popen, stream: str) -> None:
         definitions = [
-            (d["Name"], re.compile(d["Regex"])) for d in self.job["AlgorithmSpecification"].get("MetricDefinitions", [])
+            (d["Name"], re.compile(d["Regex"]))
+            for d in self.job["AlgorithmSpecification"].get("MetricDefinitions", [])
         ]
         for raw in process.stdout:
             line = raw.decode("utf-8", "replace").rstrip("\n")
@@ -512,6 +544,24 @@ def _failure_reason(host: hostlib.Host, code: int) -> str:
     failure = host.tree / "output" / "failure"
     text = failure.read_text(errors="replace").strip() if failure.exists() else ""
     return f"AlgorithmError: {text or f'{host.name} exited with code {code} and wrote no failure reason'}"
+
+
+def _port_holder(port: int) -> str | None:
+    """Who listens on the port ("pid N (command)"), or None when it is free."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind(("0.0.0.0", port))
+            return None
+        except OSError:
+            pass
+    for connection in psutil.net_connections(kind="tcp"):
+        if connection.laddr and connection.laddr.port == port and connection.status == psutil.CONN_LISTEN:
+            try:
+                return f"pid {connection.pid} ({' '.join(psutil.Process(connection.pid).cmdline())[:120]})"
+            except (psutil.Error, TypeError):
+                break
+    return "another process"
 
 
 def _gpu_count() -> int:

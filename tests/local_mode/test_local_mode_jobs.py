@@ -42,7 +42,9 @@ def read_model(session, model_data: str) -> dict[str, bytes]:
         return {m.name: tar.extractfile(m).read() for m in tar.getmembers() if m.isfile()}
 
 
-def test_pytorch_fit_streams_logs_metrics_model_and_checkpoints(local_session, role, fixture_code, capsys, tmp_path):
+def test_pytorch_fit_streams_logs_metrics_model_and_checkpoints(
+    local_session, role, fixture_code, capsys, tmp_path
+):
     data = tmp_path / "data"
     data.mkdir()
     (data / "train.jsonl").write_text('{"a": 1}\n{"a": 2}\n{"a": 3}\n')
@@ -69,7 +71,9 @@ def test_pytorch_fit_streams_logs_metrics_model_and_checkpoints(local_session, r
     assert description["FinalMetricDataList"][0]["Value"] == pytest.approx(0.3333)
     assert description["TrainingTimeInSeconds"] >= 1
     assert description["BillableTimeInSeconds"] == description["TrainingTimeInSeconds"]
-    frame = TrainingJobAnalytics(estimator.latest_training_job.name, ["loss"], sagemaker_session=local_session).dataframe()
+    frame = TrainingJobAnalytics(
+        estimator.latest_training_job.name, ["loss"], sagemaker_session=local_session
+    ).dataframe()
     # CloudWatch averages each 60 s period (TrainingJobAnalytics' default), as on SageMaker.
     assert list(frame["metric_name"]) == ["loss"]
     assert frame["value"].iloc[0] == pytest.approx((1.0 + 0.5 + 0.3333) / 3, abs=1e-3)
@@ -78,7 +82,9 @@ def test_pytorch_fit_streams_logs_metrics_model_and_checkpoints(local_session, r
     s3 = local_session.boto_session.client("s3")
     saved = s3.get_object(Bucket=local_session.default_bucket(), Key="fixture/checkpoints/state.json")
     assert json.loads(saved["Body"].read()) == {"step": 3}
-    again = pytorch(local_session, role, fixture_code, hyperparameters={"steps": 5}, checkpoint_s3_uri=checkpoints)
+    again = pytorch(
+        local_session, role, fixture_code, hyperparameters={"steps": 5}, checkpoint_s3_uri=checkpoints
+    )
     again.fit(logs=False)
     assert json.loads(read_model(local_session, again.model_data)["result.json"])["resumed_from"] == 3
 
@@ -190,12 +196,16 @@ def test_session_train_and_boto3_waiter(local_session, role, fixture_code):
     description = sagemaker.describe_training_job(TrainingJobName="fixture-boto3")
     assert description["TrainingJobStatus"] == "Completed"
     assert description["ModelArtifacts"]["S3ModelArtifacts"].endswith("fixture-boto3/output/model.tar.gz")
-    names = [s["TrainingJobName"] for s in sagemaker.list_training_jobs(MaxResults=10)["TrainingJobSummaries"]]
+    names = [
+        s["TrainingJobName"] for s in sagemaker.list_training_jobs(MaxResults=10)["TrainingJobSummaries"]
+    ]
     assert names[:2] == ["fixture-boto3", "fixture-session-train"]  # newest first
 
 
 def test_stop_training_job(local_session, role, fixture_code):
-    estimator = pytorch(local_session, role, fixture_code, hyperparameters={"steps": 200, "step_seconds": 0.5})
+    estimator = pytorch(
+        local_session, role, fixture_code, hyperparameters={"steps": 200, "step_seconds": 0.5}
+    )
     estimator.fit(wait=False)
     job = estimator.latest_training_job
     client = local_session.sagemaker_client

@@ -64,8 +64,14 @@ elif args.mode == "allreduce":
     dist.barrier()  # with a dead peer this never returns
     if rank == 0:
         with open(os.path.join(model_dir, "allreduce.json"), "w") as f:
-            json.dump({"sum": value.item(), "world_size": dist.get_world_size(),
-                       "hosts": json.loads(os.environ["SM_HOSTS"])}, f)
+            json.dump(
+                {
+                    "sum": value.item(),
+                    "world_size": dist.get_world_size(),
+                    "hosts": json.loads(os.environ["SM_HOSTS"]),
+                },
+                f,
+            )
         print(f"step=1 sum={value.item()}", flush=True)
     dist.destroy_process_group()
 
