@@ -11,7 +11,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -21,7 +20,7 @@ from safetensors.torch import load_file
 SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
 PYTHON = sys.executable
 METRIC = r"\b{}=(-?[0-9.]+(?:[eE][-+]?[0-9]+)?)"  # the notebooks' metric_definitions regex
-GRPO_OPTIONS = ["--max_steps", "4", "--prompts_per_step", "2", "--num_generations", "4", "--micro_batch_size", "4",
+GRPO_OPTIONS = ["--max_steps", "6", "--prompts_per_step", "2", "--num_generations", "4", "--micro_batch_size", "4",
                 "--max_new_tokens", "12", "--learning_rate", "1e-3", "--beta", "0.04", "--num_iterations", "2",
                 "--checkpoint_every", "2", "--seed", "3"]
 
@@ -113,7 +112,8 @@ def reference_run(digit_task, tmp_path_factory):
 
 def test_grpo_end_to_end(tiny_model_path, offline_data, tmp_path):
     root = tmp_path
-    code, output = run(grpo_command(tiny_model_path, root), job_env(root, train=offline_data["gsm8k"]))
+    code, output = run(grpo_command(tiny_model_path, root, "--max_steps", "4"),
+                       job_env(root, train=offline_data["gsm8k"]))
     assert code == 0, output
     lines = metric_lines(output)
     assert [line.split()[0] for line in lines] == ["step=1", "step=2", "step=3", "step=4"]
@@ -148,21 +148,22 @@ def test_resume_after_sigkill_matches_uninterrupted(reference_run, digit_task, t
     model_path, train = digit_task
     env = job_env(tmp_path, train=train)
     process = subprocess.Popen(grpo_command(model_path, tmp_path), cwd=SCRIPTS, env=env,
-                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    checkpoint = tmp_path / "checkpoints" / "step_00000002" / "manifest.json"
-    deadline = time.monotonic() + 180
-    while not checkpoint.exists() and process.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.02)
-    still_running = process.poll() is None
-    process.kill()  # an instance gone without warning
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    output = []
+    for line in process.stdout:
+        output.append(line)
+        if line.startswith("step=3 "):  # the checkpoint of step 2 is written; steps 4 to 6 are to come
+            process.kill()  # an instance gone without warning
+            break
     process.wait()
-    assert still_running and checkpoint.exists(), "the run ended before it could be interrupted"
+    assert process.returncode == -signal.SIGKILL, "".join(output)
+    assert (tmp_path / "checkpoints" / "step_00000002" / "manifest.json").is_file()
     assert not (tmp_path / "model" / "model.safetensors").exists()
 
     code, output = run(grpo_command(model_path, tmp_path), env)
     assert code == 0, output
     assert "resumed from" in output and metric_lines(output)[0].startswith("step=3 ")
-    assert_same_as_reference(tmp_path, reference_run[0])
+    assert_same_as_reference(tmp_path, reference_run[0])  # step 3, logged twice, is recorded once
 
 
 def test_resume_after_sigterm_matches_uninterrupted(reference_run, digit_task, tmp_path):
@@ -176,9 +177,9 @@ def test_resume_after_sigterm_matches_uninterrupted(reference_run, digit_task, t
         if line.startswith("step=1 "):
             process.send_signal(signal.SIGTERM)  # what SageMaker sends before a spot instance goes
     assert process.wait(timeout=120) == 0, "".join(output)
-    stopped_at = metric_lines("".join(output))[-1].split()[0]
-    assert stopped_at in ("step=1", "step=2") and "SIGTERM" in "".join(output)
-    assert (tmp_path / "checkpoints" / f"step_0000000{stopped_at[-1]}").is_dir()
+    stopped_at = int(metric_lines("".join(output))[-1].split()[0].removeprefix("step="))
+    assert 1 <= stopped_at < 6 and "SIGTERM" in "".join(output)  # it stops at the end of the step it was in
+    assert (tmp_path / "checkpoints" / f"step_{stopped_at:08d}" / "manifest.json").is_file()
     assert not (tmp_path / "model" / "model.safetensors").exists()
     assert not (tmp_path / "output" / "failure").exists()
 
