@@ -62,3 +62,69 @@ def test_second_process_sees_jobs_and_objects(local_session, role, fixture_code,
     assert seen["listed"] == [estimator.latest_training_job.name]
     assert seen["streams"] == 1
     assert seen["entry_point"] == "fixture_train.py"
+
+
+KERNEL_THAT_DIES = textwrap.dedent(
+    """
+    import pathlib, sys, time
+    from sagemaker.pytorch import PyTorch
+    from helpers.session import execution_role, make_session
+
+    session = make_session(run_mode="local")
+    estimator = PyTorch(
+        entry_point="fixture_train.py", source_dir=sys.argv[1], role=execution_role(session),
+        instance_type="ml.m5.xlarge", instance_count=1, framework_version="2.8.0", py_version="py312",
+        sagemaker_session=session, hyperparameters={"steps": 500, "step_seconds": 0.2},
+    )
+    estimator.fit(job_name="fixture-orphan-check", wait=False)
+    logs = pathlib.Path(sys.argv[2])
+    while not any("step=" in p.read_text() for p in logs.glob("*.jsonl")):
+        time.sleep(0.2)
+    print("TRAINING", flush=True)
+    time.sleep(600)
+    """
+)
+
+
+def _processes_of_job(job_name: str) -> list:
+    import psutil
+
+    found = []
+    for process in psutil.process_iter():
+        try:
+            if process.environ().get("TRAINING_JOB_NAME") == job_name:
+                found.append(process)
+        except psutil.Error:
+            continue
+    return found
+
+
+def test_killed_kernel_leaves_nothing_running(local_session, fixture_code, tmp_path):
+    import signal
+    import time
+
+    root = Path(os.environ["SAGEMAKER_LOCAL_ROOT"])
+    log = root / "logs" / "fixture-orphan-check"
+    script = tmp_path / "dying_kernel.py"
+    script.write_text(KERNEL_THAT_DIES)
+    kernel = subprocess.Popen(
+        [sys.executable, str(script), str(fixture_code), str(log)],
+        stdout=subprocess.PIPE, text=True, env=dict(os.environ, PYTHONPATH=str(REPO)), cwd=tmp_path,
+    )  # fmt: skip
+    try:
+        for line in kernel.stdout:
+            if line.startswith("TRAINING"):
+                break
+        assert _processes_of_job("fixture-orphan-check"), "the job's host processes should be running"
+        kernel.send_signal(signal.SIGKILL)  # no atexit, no cleanup in the kernel itself
+        kernel.wait(timeout=10)
+        deadline = time.time() + 20
+        while _processes_of_job("fixture-orphan-check") and time.time() < deadline:
+            time.sleep(0.5)
+        assert _processes_of_job("fixture-orphan-check") == []
+    finally:
+        kernel.kill()
+    # This process sees the job, and that nothing runs it any more.
+    description = local_session.sagemaker_client.describe_training_job(TrainingJobName="fixture-orphan-check")
+    assert description["TrainingJobStatus"] == "Failed"
+    assert "ended before the job finished" in description["FailureReason"]
