@@ -168,9 +168,11 @@ class Checkpointer:
     def save(self, step: int, model, optimizer, scheduler=None, extra: dict | None = None) -> Path | None:
         """Write a checkpoint of ``step`` (every rank must call it). Returns the folder on rank 0."""
         started = time.perf_counter()
-        model_state = _model_state(model, self.trainable_only)
-        optimizer_state = _optimizer_state(model, optimizer)
         rng_states = _gather_objects(rng_state(), self.learners)
+        model_state = optimizer_state = None
+        if self.learners.is_main or _is_fsdp(model):  # FSDP gathers with every rank; DDP replicas are equal
+            model_state = _model_state(model, self.trainable_only)
+            optimizer_state = _optimizer_state(model, optimizer)
         final = None
         if self.learners.is_main:
             final = self.directory / f"{PREFIX}{step:08d}"

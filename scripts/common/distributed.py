@@ -14,7 +14,7 @@ API:
                                 ``fsdp``: FSDP2 ``fully_shard`` per decoder layer + root,
                                 bf16 compute / fp32 reduction on GPU
     unwrap(model)               the module underneath DDP (FSDP2 modules are their own)
-    gradient_sync(model, on)    context: skip the gradient all-reduce on accumulation micro-steps
+    gradient_sync(model, on)    context: skip DDP's gradient all-reduce on accumulation micro-steps
     autocast(learners)          bf16 autocast on GPU, nothing on CPU
     clip_grad_norm(model, max_norm) -> float   the norm before clipping (DDP and FSDP2 alike)
     all_reduce_sum(value, learners), any_flag(flag, learners), barrier(learners), teardown()
@@ -160,13 +160,13 @@ def unwrap(model: torch.nn.Module) -> torch.nn.Module:
 
 @contextlib.contextmanager
 def gradient_sync(model: torch.nn.Module, enabled: bool):
-    """Inside ``gradient_sync(model, False)`` backward only accumulates local gradients; the
-    last micro-step of an accumulation runs with ``True`` and averages them over learners."""
-    if hasattr(model, "set_requires_gradient_sync"):  # FSDP2
-        model.set_requires_gradient_sync(enabled)
-        yield
-        model.set_requires_gradient_sync(True)
-    elif hasattr(model, "no_sync") and not enabled:  # DDP
+    """With DDP, inside ``gradient_sync(model, False)`` backward only accumulates local gradients;
+    the last micro-step of an accumulation runs with ``True`` and averages them over learners.
+
+    FSDP2 reduce-scatters on every micro-step regardless: skipping it would keep a whole
+    unsharded gradient on every GPU, the memory sharding is there to save.
+    """
+    if hasattr(model, "no_sync") and not enabled:  # DDP
         with model.no_sync():
             yield
     else:

@@ -87,7 +87,23 @@ def tiny_args(tiny_model_path) -> list[str]:
 
 
 @pytest.fixture
-def run_in_process(monkeypatch, container_env):
+def enter_container(monkeypatch):
+    """enter_container(root, channels): this process's SM_*/SAGEMAKER_* variables become the
+    container's (undone after the test)."""
+
+    def enter(root: Path, channels: dict[str, Path]) -> None:
+        for key in list(os.environ):
+            if key.startswith(("SM_", "SAGEMAKER_")):
+                monkeypatch.delenv(key)
+        for key, value in _container_env(root, channels).items():
+            if key.startswith(("SM_", "SAGEMAKER_")):
+                monkeypatch.setenv(key, value)
+
+    return enter
+
+
+@pytest.fixture
+def run_in_process(enter_container):
     """run_in_process(name, argv, root, channels): ``sft.main``/``dpo.main`` in this process (no
     interpreter start-up), under the container's variables, with one thread like the subprocesses."""
     import signal
@@ -98,12 +114,7 @@ def run_in_process(monkeypatch, container_env):
         import importlib
 
         module = importlib.import_module(name)
-        for key in list(os.environ):
-            if key.startswith(("SM_", "SAGEMAKER_")):
-                monkeypatch.delenv(key)
-        for key, value in container_env(root, channels).items():
-            if key.startswith(("SM_", "SAGEMAKER_")):
-                monkeypatch.setenv(key, value)
+        enter_container(root, channels)
         threads, handler = torch.get_num_threads(), signal.getsignal(signal.SIGTERM)
         torch.set_num_threads(1)
         try:

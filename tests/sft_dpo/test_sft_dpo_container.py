@@ -78,7 +78,7 @@ def test_sft_with_lora_saves_a_merged_plain_model(tmp_path, offline_data, run_in
 
 
 @pytest.fixture
-def failing_run(tmp_path, monkeypatch, container_env):
+def failing_run(tmp_path, enter_container, monkeypatch):
     """failing_run(module, argv, channels) -> failure text; runs main() in this process through
     run_main, with the container's variables, and expects exit status 1."""
     import dpo
@@ -87,12 +87,10 @@ def failing_run(tmp_path, monkeypatch, container_env):
 
     modules = {"sft": sft, "dpo": dpo}
 
-    def run(name: str, argv: list[str], channels: dict) -> str:
-        for key in list(container_env(tmp_path, {})):
-            monkeypatch.delenv(key, raising=False) if key.startswith(("SM_", "SAGEMAKER_")) else None
-        for key, value in container_env(tmp_path, channels).items():
-            if key.startswith(("SM_", "SAGEMAKER_")):
-                monkeypatch.setenv(key, value)
+    def run(name: str, argv: list[str], channels: dict, hyperparameters: dict | None = None) -> str:
+        enter_container(tmp_path, channels)
+        if hyperparameters is not None:  # what the toolkit also puts in SM_HPS
+            monkeypatch.setenv("SM_HPS", json.dumps(hyperparameters))
         with pytest.raises(SystemExit) as stopped:
             contract.run_main(lambda: modules[name].main(argv))
         assert stopped.value.code == 1
@@ -114,9 +112,9 @@ def test_unknown_hyperparameter_lists_the_valid_ones(failing_run, offline_data, 
     assert "learning_rate" in reason and "per_device_batch_size" in reason
 
 
-def test_unknown_hyperparameter_from_sm_hps(failing_run, offline_data, tiny_model_path, monkeypatch):
-    monkeypatch.setenv("SM_HPS", json.dumps({"beta": 0.1, "betta": 0.2}))
-    reason = failing_run("dpo", ["--model_name_or_path", str(tiny_model_path)], {"train": offline_data["preferences"]})
+def test_unknown_hyperparameter_from_sm_hps(failing_run, offline_data, tiny_model_path):
+    reason = failing_run("dpo", ["--model_name_or_path", str(tiny_model_path)], {"train": offline_data["preferences"]},
+                         hyperparameters={"beta": 0.1, "betta": 0.2})
     assert "Unknown hyperparameter 'betta'" in reason
 
 
