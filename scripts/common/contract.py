@@ -38,6 +38,7 @@ import json
 import logging
 import os
 import sys
+import time
 import traceback
 from collections.abc import Callable
 from pathlib import Path
@@ -253,10 +254,15 @@ def setup_logging() -> None:
         logging.getLogger(noisy).setLevel(logging.WARNING)
 
 
-def write_failure(reason: str) -> Path:
-    """Write the failure reason atomically (several ranks may fail at once)."""
+def write_failure(reason: str, run_started: float | None = None) -> Path:
+    """Write the failure reason atomically. The first reason of this run wins: when one rank
+    fails, the others fail next on a broken collective, and that is not the reason to show.
+    A file older than ``run_started`` (a previous run's) is replaced."""
     path = failure_file()
     path.parent.mkdir(parents=True, exist_ok=True)
+    if run_started is not None and path.exists() and path.stat().st_mtime >= run_started:
+        log.error("A reason is already in %s (another process failed first); not replacing it.", path)
+        return path
     temporary = path.with_name(f".failure.{os.getpid()}")
     temporary.write_text(reason.strip() + "\n")
     os.replace(temporary, path)
@@ -270,22 +276,23 @@ def run_main(main: Callable[[], object]) -> None:
     anything else is unexpected, so its traceback goes to the log and its last line to the file.
     """
     setup_logging()
+    run_started = time.time()  # a failure file older than this is a previous run's
     rank = os.environ.get("RANK")
     prefix = f"rank {rank}: " if rank not in (None, "0") else ""
     try:
         main()
     except SystemExit as stop:  # argparse --help, or an explicit sys.exit
         if stop.code not in (0, None):
-            write_failure(f"{prefix}exited with status {stop.code}")
+            write_failure(f"{prefix}exited with status {stop.code}", run_started)
         raise
     except UserError as error:
         log.error("%s", error)
-        path = write_failure(f"{prefix}{error}")
+        path = write_failure(f"{prefix}{error}", run_started)
         log.error("Reason written to %s", path)
         sys.exit(1)
     except BaseException as error:  # noqa: BLE001 - the last line of defence
         log.error("Unexpected error:\n%s", traceback.format_exc())
         name = type(error).__name__
-        path = write_failure(f"{prefix}Unexpected {name}: {error} (full traceback in the job's log)")
+        path = write_failure(f"{prefix}Unexpected {name}: {error} (full traceback in the job's log)", run_started)
         log.error("Reason written to %s", path)
         sys.exit(1)

@@ -103,6 +103,11 @@ def setup() -> Learners:
         backend = "nccl" if device.type == "cuda" else "gloo"
         dist.init_process_group(backend=backend, device_id=device if device.type == "cuda" else None)
         log.info("rank %d/%d (local %d) on %s, backend %s", rank, world_size, local_rank, device, backend)
+    if rank == 0:
+        from common import contract
+
+        log.info("host %s of %s, instance %s, %d GPUs per host, %d learners in all",
+                 contract.current_host(), contract.hosts(), contract.instance_type(), contract.num_gpus(), world_size)
     return Learners(rank=rank, world_size=world_size, local_rank=local_rank, device=device)
 
 

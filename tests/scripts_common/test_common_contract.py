@@ -110,6 +110,15 @@ def test_run_main_writes_the_failure_file(clean_env, tmp_path, capsys):
     assert reason.startswith("Unexpected KeyError: 'missing'") and "traceback in the job's log" in reason
     assert "Traceback (most recent call last)" in capsys.readouterr().out
 
+    # Another rank's reason from this run stays: ours is the consequence (a broken collective).
+    def consequence():
+        (tmp_path / "output" / "failure").write_text("rank 1: the real reason\n")
+        raise RuntimeError("Connection closed by peer")
+
+    with pytest.raises(SystemExit):
+        contract.run_main(consequence)
+    assert (tmp_path / "output" / "failure").read_text() == "rank 1: the real reason\n"
+
     with pytest.raises(SystemExit) as stopped:  # --help and friends pass through untouched
         contract.run_main(lambda: _parser().parse(["--help"]))
     assert stopped.value.code == 0
