@@ -1,0 +1,176 @@
+"""Every CPU benchmark, one combined table: ``make bench`` (``python -m bench.run_all``).
+
+Sections, each in its own process so each peak RSS is its own:
+  steps       training step time, our loops vs TRL 1.16 (``bench.train_steps``)
+  generation  GRPO rollout tokens/s, batched vs one call per completion (``bench.generation``)
+  local_mode  time to the script's first line and job overhead (``bench.local_mode_overhead``)
+  sandbox     judged tests per second (``bench.sandbox_throughput``)
+The table goes to stdout and to ``outputs/bench/cpu_benchmarks.md`` (rows also as ``.json``).
+
+    python -m bench.run_all                       # everything (about 15 minutes on 2 busy cores)
+    python -m bench.run_all --quick               # tiny model only, one round: a minute or three
+    python -m bench.run_all --sections steps generation
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import json
+import os
+import resource
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from bench.fixtures import BENCH_OUTPUT, REPO_ROOT
+from bench.tables import Row, format_table, machine_description, median
+
+SECTIONS = ("steps", "generation", "local_mode", "sandbox")
+
+
+def steps_rows(quick: bool) -> list[Row]:
+    from bench import train_steps
+
+    if quick:
+        return train_steps.measure(["sft", "dpo", "grpo"], ["tiny"], rounds=1, warmup=1, measured=3)
+    return train_steps.measure(["sft", "dpo", "grpo"], ["tiny", "small"], rounds=3, warmup=2, measured=5)
+
+
+def generation_rows(quick: bool) -> list[Row]:
+    from bench import generation
+
+    return generation.measure(["tiny"] if quick else ["tiny", "small"], rounds=1 if quick else 3)
+
+
+def local_mode_rows(quick: bool) -> list[Row]:
+    """``bench.local_mode_overhead.one_run`` for 1 and 2 hosts, a no-op entry point, median of runs."""
+    from bench import local_mode_overhead as overhead
+
+    runs = 1 if quick else 3
+    root = tempfile.mkdtemp(prefix="local-mode-bench-")
+    os.environ["SAGEMAKER_LOCAL_ROOT"] = root
+    os.environ.setdefault("SAGEMAKER_SUPPRESS_V2_WARNING", "1")
+    from helpers import local_mode
+    from helpers.session import execution_role, make_session
+
+    code = Path(root) / "code"
+    code.mkdir()
+    (code / "noop.py").write_text(overhead.NOOP)
+    with contextlib.redirect_stdout(io.StringIO()):
+        session = make_session(run_mode="local")
+    role = execution_role(session)
+    rows = []
+    try:
+        for hosts in (1, 2):
+            samples = []
+            for _ in range(runs):
+                with contextlib.redirect_stdout(io.StringIO()):
+                    samples.append(overhead.one_run(session, role, code, hosts))
+            own = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+            children = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
+            case = f"{hosts} host{'s' if hosts > 1 else ''}, no-op script" + (", torch_distributed" if hosts > 1 else "")
+            notes = f"median of {runs}; memory: notebook process (SDK + moto + local mode); largest host process " \
+                    f"{children:.0f} MiB"
+            first, job, wall = (median([s[i] for s in samples]) for i in range(3))
+            rows.append(Row("local mode: fit() to first line", case, first, "s", memory_mib=own,
+                            notes=notes + ("; goal < 3 s" if hosts == 1 else "")))
+            rows.append(Row("local mode: job overhead", case, job, "s", memory_mib=own,
+                            notes=f"fit() to TrainingEndTime; fit() returned after {wall:.2f} s"))
+    finally:
+        local_mode.deactivate()
+    return rows
+
+
+def sandbox_rows(quick: bool) -> list[Row]:
+    from bench import sandbox_throughput
+
+    tests = 100 if quick else 400
+    rows = []
+    for case in ("trivial", "mix"):
+        for workers in (1, 2):
+            row = sandbox_throughput.measure(workers, case, tests, time_limit=0.2)
+            row.benchmark = "sandbox: judged tests"
+            row.notes = (f"{row.extra['cpu_ms_per_test']:.1f} CPU ms/test = "
+                         f"{row.extra['tests_per_s_on_free_cores']:.0f} tests/s on free cores; " + row.notes)
+            rows.append(row)
+    return rows
+
+
+RUNNERS = {"steps": steps_rows, "generation": generation_rows, "local_mode": local_mode_rows,
+           "sandbox": sandbox_rows}
+
+
+def run_section(name: str, quick: bool, timeout: float = 1200) -> list[Row]:
+    """One section in a fresh process; its rows come back as JSON."""
+    with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as handle:
+        result_file = Path(handle.name)
+    command = [sys.executable, "-m", "bench.run_all", "--section", name, "--result", str(result_file)]
+    if quick:
+        command.append("--quick")
+    env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", HF_DATASETS_OFFLINE="1",
+               TOKENIZERS_PARALLELISM="false", PYTHONPATH=str(REPO_ROOT))
+    started = time.perf_counter()
+    # Its own process group, so a section that overruns is stopped with everything it started.
+    process = subprocess.Popen(command, cwd=REPO_ROOT, env=env, start_new_session=True)
+    try:
+        returncode = process.wait(timeout=timeout)
+        failure = None if returncode == 0 else f"exit status {returncode}"
+    except subprocess.TimeoutExpired:
+        failure = f"no result within {timeout:.0f} s"
+        os.killpg(process.pid, signal.SIGTERM)
+        try:
+            process.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+    print(f"[{name}: {time.perf_counter() - started:.0f} s]", flush=True)
+    if failure:  # the other sections still run; the table says which one has no figures and why
+        result_file.unlink(missing_ok=True)
+        print(f"benchmark section {name} failed ({failure}); its output is above", flush=True)
+        return [Row(name, "failed", None, "-", notes=f"{failure}; see the run's output")]
+    records = json.loads(result_file.read_text())
+    result_file.unlink()
+    fields = set(Row.__dataclass_fields__)
+    return [Row(**{k: v for k, v in record.items() if k in fields}) for record in records]
+
+
+def main(argv: list[str] | None = None) -> Path | None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--sections", nargs="+", default=list(SECTIONS), choices=SECTIONS)
+    parser.add_argument("--quick", action="store_true", help="tiny model, one round, fewer tests")
+    parser.add_argument("--out", default=str(BENCH_OUTPUT / "cpu_benchmarks.md"))
+    parser.add_argument("--section", choices=SECTIONS, help=argparse.SUPPRESS)
+    parser.add_argument("--result", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.section:  # a child process: one section, rows to --result
+        rows = RUNNERS[args.section](args.quick)
+        Path(args.result).write_text(json.dumps([row.to_dict() for row in rows]))
+        return None
+
+    load_before = os.getloadavg()
+    rows = []
+    for name in args.sections:
+        print(f"[{name}]", flush=True)
+        rows += run_section(name, args.quick)
+    machine = machine_description()
+    text = (f"# CPU benchmarks{' (quick)' if args.quick else ''}\n\n"
+            f"Machine: {machine} (load average at the start: {load_before[0]:.2f})\n\n"
+            "ratio = ours / baseline: below 1 is faster for s/step; above 1 is faster for tokens/s.\n\n"
+            + format_table(rows, "Combined"))
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(text)
+    out.with_suffix(".json").write_text(json.dumps({"machine": machine, "rows": [r.to_dict() for r in rows]},
+                                                   indent=1))
+    print(text)
+    print(f"written to {out}")
+    return out
+
+
+if __name__ == "__main__":
+    main()
