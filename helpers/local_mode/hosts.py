@@ -221,7 +221,14 @@ class _WarmStarter:
         self._server.stdin.write((json.dumps(request) + "\n").encode())
         self._server.stdin.flush()
         try:
-            pid = self._started[request_id].get(timeout=60)
+            deadline = time.time() + 60
+            while True:
+                try:
+                    pid = self._started[request_id].get(timeout=0.5)
+                    break
+                except queue.Empty:
+                    if not self.alive() or time.time() > deadline:
+                        raise OSError("the warm start server did not answer") from None
         finally:
             del self._started[request_id]
         return WarmHostProcess(self, pid, output)
@@ -303,7 +310,10 @@ def start_host(host: Host, run_dir: Path, env: dict[str, str]):
         namespace = (
             [str(run_dir / "etc_hosts"), str(host.tree), host.name] if isolation() == NAMESPACES else None
         )
-        return starter.start(env, host.tree, output, namespace)
+        try:
+            return starter.start(env, host.tree, output, namespace)
+        except OSError:
+            output.unlink()  # the server is gone (it could not import torch?): a plain process instead
     return subprocess.Popen(
         host_command(host, run_dir),
         env=env,

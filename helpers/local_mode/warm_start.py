@@ -26,9 +26,13 @@ import sys
 import time
 import traceback
 
-import boto3  # noqa: F401  imported by the toolkit, safe before the environment is set
 import psutil
-import torch  # noqa: F401  the slow import this process exists for
+
+try:  # what the toolkit imports first; safe before the host's environment is set
+    import boto3  # noqa: F401
+    import torch  # noqa: F401  the slow import this process exists for
+except ImportError:
+    pass  # the host imports (or misses) them itself, as it would without this server
 
 CLONE_NEWNS, CLONE_NEWUTS = 0x00020000, 0x04000000
 MS_BIND, MS_REC, MS_PRIVATE = 4096, 16384, 1 << 18

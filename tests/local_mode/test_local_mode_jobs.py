@@ -245,3 +245,14 @@ def test_spot_interruption_restarts_from_checkpoint(local_session, role, fixture
     assert 2 <= result["resumed_from"] < 6  # resumed from its checkpoint, not from scratch
     expected = max(1, round(description["TrainingTimeInSeconds"] * (1 - NOMINAL_SPOT_DISCOUNT)))
     assert description["BillableTimeInSeconds"] == expected
+
+
+def test_max_runtime_stops_the_job(local_session, role, fixture_code):
+    estimator = pytorch(
+        local_session, role, fixture_code, hyperparameters={"steps": 500, "step_seconds": 0.2}, max_run=4
+    )
+    estimator.fit(logs=False)  # Stopped is not an error for the SDK: it warns
+    description = estimator.latest_training_job.describe()
+    assert description["TrainingJobStatus"] == "Stopped"
+    assert description["SecondaryStatus"] == "MaxRuntimeExceeded"
+    assert description["TrainingTimeInSeconds"] < 30
