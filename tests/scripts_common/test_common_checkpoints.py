@@ -9,6 +9,7 @@ import random
 import signal
 
 import numpy as np
+import pytest
 import torch
 
 
@@ -117,6 +118,7 @@ def test_single_learner_context(clean_env):
     assert setup() == learners  # a plain `python script.py` is one learner
 
 
+@pytest.mark.slow  # tests/sft_dpo covers the same path through sft.py (SIGTERM, resume) in the default run
 def test_checkpoints_under_two_processes_ddp_and_fsdp(tmp_path):
     """Rank 0 writes, every rank restores (FSDP2: gathered, then broadcast as shards), bit for bit."""
     import subprocess

@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -60,11 +61,7 @@ def run_script():
     """run_script(script, args, env, nproc=1) -> CompletedProcess, cwd = scripts/ like the toolkit."""
 
     def run(script: str, args: list[str], env: dict[str, str], nproc: int = 1, timeout: int = 180):
-        if nproc == 1:
-            command = [sys.executable, script, *args]
-        else:
-            torchrun = str(Path(sys.executable).parent / "torchrun")
-            command = [torchrun, "--standalone", "--nproc_per_node", str(nproc), script, *args]
+        command = _command(script, args, nproc)
         # A session of its own, so a timeout ends torchrun's workers too, not only torchrun.
         process = subprocess.Popen(command, cwd=SCRIPTS, env=env, text=True, start_new_session=True,
                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE)
@@ -146,16 +143,22 @@ def torch_equal(a, b) -> bool:
     return a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b)
 
 
+def _command(script: str, args: list[str], nproc: int) -> list[str]:
+    if nproc == 1:
+        return [sys.executable, script, *args]
+    torchrun = str(Path(sys.executable).parent / "torchrun")
+    return [torchrun, "--standalone", "--nproc_per_node", str(nproc), script, *args]
+
+
 @pytest.fixture
 def interrupt_script():
-    """interrupt_script(script, args, env, at_step, signum) -> (returncode, output): start the
-    script, send ``signum`` as soon as it prints the metric line of ``at_step``, wait for it."""
-    import signal as signals
-    import time
+    """interrupt_script(script, args, env, at_step, signum, nproc=1) -> (returncode, output):
+    start the script (under torchrun when nproc > 1), send ``signum`` as soon as it prints the
+    metric line of ``at_step`` (torchrun passes SIGTERM on to its workers), wait for it."""
 
-    def run(script: str, args: list[str], env: dict[str, str], at_step: int, signum: int):
-        process = subprocess.Popen([sys.executable, script, *args], cwd=SCRIPTS, env=env, text=True,
-                                   stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    def run(script: str, args: list[str], env: dict[str, str], at_step: int, signum: int, nproc: int = 1):
+        process = subprocess.Popen(_command(script, args, nproc), cwd=SCRIPTS, env=env, text=True,
+                                   start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
         output, deadline = [], time.monotonic() + 180
         try:
             for line in process.stdout:
@@ -168,7 +171,7 @@ def interrupt_script():
             process.wait(timeout=120)
         finally:
             if process.poll() is None:
-                process.send_signal(signals.SIGKILL)
+                os.killpg(process.pid, signal.SIGKILL)
                 process.wait()
         return process.returncode, "".join(output)
 

@@ -2,37 +2,68 @@
 
 from __future__ import annotations
 
+import signal
+
 import pytest
 import torch
 
 
-@pytest.mark.parametrize("script, dataset, strategy", [
-    ("sft", "chat", "ddp"),
-    ("sft", "chat", "fsdp"),
-    # Same batching code as SFT; opt-in to keep the default suite short.
-    pytest.param("dpo", "preferences", "ddp", marks=pytest.mark.slow),
-])
-def test_two_processes_match_one(script, dataset, strategy, tmp_path, offline_data, tiny_args, run_in_process,
-                                 run_script, container_env, read_metrics):
-    channels = {"train": offline_data[dataset], "test": offline_data[dataset]}
-    # Global batch 4, micro-batches of 2: one process accumulates 2 micro-batches, two processes 1 each.
-    args = [*tiny_args, "--max_steps", "4", "--checkpoint_every", "2", "--strategy", strategy]
-    run_in_process(script, [*args, "--strategy", "ddp"], tmp_path / "one", channels)
-
-    result = run_script(f"{script}.py", args, container_env(tmp_path / "two", channels), nproc=2)
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    one, two = read_metrics(tmp_path / "one"), read_metrics(tmp_path / "two")
-    assert [r["step"] for r in two] == [1, 2, 3, 4]
+def _compare(one: list[dict], two: list[dict], steps: int) -> None:
+    assert [r["step"] for r in two] == list(range(1, steps + 1))
     for first, second in zip(one, two, strict=True):
         assert second["loss"] == pytest.approx(first["loss"], rel=1e-4), (first, second)
         assert second["grad_norm"] == pytest.approx(first["grad_norm"], rel=1e-3), (first, second)
     assert two[-1]["eval_loss"] == pytest.approx(one[-1]["eval_loss"], rel=1e-4)  # the test set shared out
-    assert result.stdout.count("step=4 ") == 1  # rank 0 alone prints metric lines
 
+
+def _compare_weights(one_dir, two_dir) -> None:
     from safetensors.torch import load_file
 
-    weights_one = load_file(tmp_path / "one" / "model" / "model.safetensors")
-    weights_two = load_file(tmp_path / "two" / "model" / "model.safetensors")
+    weights_one, weights_two = load_file(one_dir / "model.safetensors"), load_file(two_dir / "model.safetensors")
     assert weights_one.keys() == weights_two.keys()
     for name, tensor in weights_one.items():
         torch.testing.assert_close(weights_two[name], tensor, rtol=1e-3, atol=1e-4, msg=name)
+
+
+@pytest.mark.parametrize("script, dataset", [
+    ("sft", "chat"),
+    # Same batching code as SFT; opt-in to keep the default suite short.
+    pytest.param("dpo", "preferences", marks=pytest.mark.slow),
+])
+def test_ddp_two_processes_match_one(script, dataset, tmp_path, offline_data, tiny_args, run_in_process,
+                                     run_script, container_env, read_metrics):
+    channels = {"train": offline_data[dataset], "test": offline_data[dataset]}
+    # Global batch 8 in micro-batches of 2: one process accumulates 4, each of two processes 2
+    # (DDP's all-reduce skipped on the first micro-batch).
+    args = [*tiny_args, "--batch_size", "8", "--max_steps", "3", "--checkpoint_every", "0"]
+    run_in_process(script, args, tmp_path / "one", channels)
+
+    result = run_script(f"{script}.py", args, container_env(tmp_path / "two", channels), nproc=2)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert result.stdout.count("step=3 ") == 1  # rank 0 alone prints metric lines
+    _compare(read_metrics(tmp_path / "one"), read_metrics(tmp_path / "two"), steps=3)
+    _compare_weights(tmp_path / "one" / "model", tmp_path / "two" / "model")
+
+
+def test_fsdp_two_processes_survive_sigterm_and_match_one(tmp_path, offline_data, tiny_args, run_in_process,
+                                                          interrupt_script, run_script, container_env, read_metrics):
+    """The spot-interruption path on several GPUs: torchrun passes SIGTERM to its workers, they agree
+    on a step, gather the sharded state into one checkpoint and exit; the restarted job resumes
+    (rank 0 reads, shards are broadcast) and ends where one process ends."""
+    channels = {"train": offline_data["chat"], "test": offline_data["chat"]}
+    args = [*tiny_args, "--max_steps", "6", "--checkpoint_every", "0"]
+    run_in_process("sft", args, tmp_path / "one", channels)
+
+    env = container_env(tmp_path / "two", channels)
+    fsdp = [*args, "--strategy", "fsdp"]
+    _, output = interrupt_script("sft.py", fsdp, env, at_step=2, signum=signal.SIGTERM, nproc=2)
+    assert output.count("stopped by SIGTERM after step") == 2, output[-3000:]  # both workers, same step
+    saved = sorted(p.name for p in (tmp_path / "two" / "checkpoints").iterdir())
+    assert len(saved) == 1 and 2 <= int(saved[0][5:]) < 6, saved
+    assert not (tmp_path / "two" / "model" / "model.safetensors").exists()
+
+    result = run_script("sft.py", fsdp, env, nproc=2)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert f"resumed from {tmp_path / 'two' / 'checkpoints' / saved[0]}" in result.stdout
+    _compare(read_metrics(tmp_path / "one"), read_metrics(tmp_path / "two"), steps=6)
+    _compare_weights(tmp_path / "one" / "model", tmp_path / "two" / "model")
