@@ -44,6 +44,7 @@ import torch
 import torch.nn.functional as F
 from common import checkpoints, contract, data, distributed, metrics, models
 from common.contract import UserError, str2bool
+from transformers import get_cosine_schedule_with_warmup
 
 log = logging.getLogger("dpo")
 
@@ -235,7 +236,8 @@ def main(argv: list[str] | None = None) -> None:
         test_rows = data.read_jsonl(contract.channel_file("test", "test.jsonl"), FIELDS)
         test_examples = [tokenize_pair(tokenizer, row, args.max_prompt_length, args.max_length) for row in test_rows]
 
-    model = models.load_model(model_path, learners.device, trainable=True)
+    # FSDP moves each layer to the GPU as it shards it: loading on the CPU, no GPU holds the whole model.
+    model = models.load_model(model_path, torch.device("cpu") if args.strategy == "fsdp" else learners.device)
     model.config.use_cache = False
     if args.gradient_checkpointing and args.strategy == "ddp":
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
@@ -246,8 +248,6 @@ def main(argv: list[str] | None = None) -> None:
     reference = models.load_model(reference_path, learners.device, trainable=False)
 
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=args.learning_rate)
-    from transformers import get_cosine_schedule_with_warmup
-
     scheduler = get_cosine_schedule_with_warmup(optimizer, min(args.warmup_steps, args.max_steps), args.max_steps)
     batch_order = data.BatchOrder(len(examples), args.batch_size, args.seed)
 

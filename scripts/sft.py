@@ -47,6 +47,7 @@ import torch
 import torch.nn.functional as F
 from common import checkpoints, contract, data, distributed, metrics, models
 from common.contract import UserError, str2bool
+from transformers import get_cosine_schedule_with_warmup
 
 log = logging.getLogger("sft")
 
@@ -193,7 +194,8 @@ def build_model(args, model_path: str, learners: distributed.Learners):
                             target_modules=targets, task_type="CAUSAL_LM")
         model = get_peft_model(base, config)
     else:
-        model = models.load_model(model_path, learners.device, trainable=True)
+        # FSDP moves each layer to the GPU as it shards it: loading on the CPU, no GPU holds the whole model.
+        model = models.load_model(model_path, torch.device("cpu") if args.strategy == "fsdp" else learners.device)
     model.config.use_cache = False  # no generation cache while training
     if args.gradient_checkpointing and args.strategy == "ddp":
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
@@ -215,10 +217,10 @@ def build_optimizer(model, args):
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     learners = distributed.setup()
-    micro_batches_per_step = args.batch_size // args.per_device_batch_size
     if args.batch_size % (args.per_device_batch_size * learners.world_size):
         raise UserError(f"--batch_size {args.batch_size} must be a multiple of --per_device_batch_size "
                         f"{args.per_device_batch_size} x {learners.world_size} processes.")
+    accumulation_steps = args.batch_size // (args.per_device_batch_size * learners.world_size)
     checkpoints.seed_everything(args.seed)
 
     model_path = models.resolve_model_path(args.model_name_or_path)
@@ -235,8 +237,6 @@ def main(argv: list[str] | None = None) -> None:
 
     model = build_model(args, model_path, learners)
     optimizer = build_optimizer(model, args)
-    from transformers import get_cosine_schedule_with_warmup
-
     scheduler = get_cosine_schedule_with_warmup(optimizer, min(args.warmup_steps, args.max_steps), args.max_steps)
     batch_order = data.BatchOrder(len(examples), args.batch_size, args.seed)
 
@@ -253,8 +253,8 @@ def main(argv: list[str] | None = None) -> None:
                                   resume_step=start_step)
     sigterm = checkpoints.SigtermFlag()
     log.info("training steps %d..%d: %d conversations a step, %d micro-batches of %d on each of %d processes",
-             start_step + 1, args.max_steps, args.batch_size, micro_batches_per_step // learners.world_size,
-             args.per_device_batch_size, learners.world_size)
+             start_step + 1, args.max_steps, args.batch_size, accumulation_steps, args.per_device_batch_size,
+             learners.world_size)
 
     tokens_since_log = 0
     for step in range(start_step + 1, args.max_steps + 1):
