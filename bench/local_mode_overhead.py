@@ -7,7 +7,7 @@ median over several runs of:
   fit() wall   time until fit() returned (adds the SDK's wait polling)
 and the peak RSS of this process (SDK + moto + local mode) and of the largest host process.
 
-    .venv/bin/python -m bench.local_mode_overhead [--runs 3]
+    .venv/bin/python -m bench.local_mode_overhead [--runs 3] [--hosts 1 2]
 Goal: under 3 s to the first line on 1 host.
 """
 
@@ -62,6 +62,7 @@ def one_run(session, role, code: Path, hosts: int) -> tuple[float, float, float]
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--hosts", type=int, nargs="+", default=[1, 2])
     args = parser.parse_args()
 
     root = tempfile.mkdtemp(prefix="local-mode-bench-")
@@ -81,7 +82,11 @@ def main() -> None:
     role = execution_role(session)
 
     rows = []
-    for hosts in (1, 2):
+    with contextlib.redirect_stdout(io.StringIO()):
+        cold = one_run(
+            session, role, code, 1
+        )  # right after make_session: the warm server is still importing torch
+    for hosts in args.hosts:
         samples = []
         for _ in range(args.runs):
             with contextlib.redirect_stdout(io.StringIO()):
@@ -91,10 +96,16 @@ def main() -> None:
 
     own = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     children = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
-    print(f"local mode overhead, no-op entry point, median of {args.runs} runs ({os.cpu_count()} CPUs)")
+    load = os.getloadavg()[0]
+    print(
+        f"local mode overhead, no-op entry point, median of {args.runs} runs ({os.cpu_count()} CPUs, load {load:.1f})"
+    )
     print(f"{'hosts':>5}  {'first line (s)':>14}  {'job overhead (s)':>16}  {'fit() wall (s)':>14}")
     for hosts, first, overhead, wall in rows:
         print(f"{hosts:>5}  {first:>14.2f}  {overhead:>16.2f}  {wall:>14.2f}")
+    print(
+        f"first job right after make_session (1 host): first line {cold[0]:.2f} s, job overhead {cold[1]:.2f} s"
+    )
     print(f"peak RSS: this process {own:.0f} MiB, largest host process {children:.0f} MiB")
 
 

@@ -181,8 +181,11 @@ class _WarmStarter:
 
     def __init__(self):
         env = {k: v for k, v in os.environ.items() if not k.startswith(("SM_", "SAGEMAKER_BASE_DIR"))}
+        command = [sys.executable, "-u", "-P", str(Path(__file__).with_name("warm_start.py"))]
+        if isolation() == NAMESPACES:
+            command.append("--preload-toolkit")
         self._server = subprocess.Popen(
-            [sys.executable, "-u", "-P", str(Path(__file__).with_name("warm_start.py"))],
+            command,
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             env=env,

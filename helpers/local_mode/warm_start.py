@@ -7,8 +7,9 @@ imports torch (and boto3) once, then forks one child per host on request. Each c
 /etc/hosts and the tree at /opt/ml, the host's environment, then the toolkit's own
 ``sagemaker_training.trainer.train()`` (the ``train`` command of the training image).
 
-``sagemaker_training`` itself is imported only in the child, after the environment is set: its
-``environment`` module reads ``SAGEMAKER_BASE_DIR`` at import time.
+``sagemaker_training`` reads ``SAGEMAKER_BASE_DIR`` when it is imported, so it is preloaded only
+with ``--preload-toolkit`` (mount namespaces: every host sees the literal /opt/ml); otherwise
+each child imports it after its environment is set.
 
 Protocol (JSON lines): stdin ``{"id", "env", "cwd", "output", "namespace": null | [hosts_file,
 tree, hostname]}``; stdout ``{"id", "pid"}`` when forked and ``{"exited": pid, "code": n}``.
@@ -33,6 +34,14 @@ try:  # what the toolkit imports first; safe before the host's environment is se
     import torch  # noqa: F401  the slow import this process exists for
 except ImportError:
     pass  # the host imports (or misses) them itself, as it would without this server
+
+if "--preload-toolkit" in sys.argv:
+    # Only when every host sees its tree at the literal /opt/ml (mount namespaces): the toolkit's
+    # environment module fixes its paths from SAGEMAKER_BASE_DIR when it is imported.
+    try:
+        import sagemaker_pytorch_container.training  # noqa: F401
+    except ImportError:
+        pass
 
 CLONE_NEWNS, CLONE_NEWUTS = 0x00020000, 0x04000000
 MS_BIND, MS_REC, MS_PRIVATE = 4096, 16384, 1 << 18

@@ -157,11 +157,25 @@ def test_huggingface_estimator_and_missing_requirements(local_session, role, tmp
     assert json.loads(read_model(local_session, estimator.model_data)["result.json"])["final_step"] == 3
 
 
-def test_session_train_and_boto3_waiter(local_session, role, fixture_code):
-    source = pytorch(local_session, role, fixture_code)
-    source.fit(wait=False)  # uploads sourcedir.tar.gz; its request is the template below
-    template = source.latest_training_job.describe()
-    local_session.wait_for_job(template["TrainingJobName"])
+def test_session_train_and_boto3_waiter(local_session, role, fixture_code, tmp_path):
+    # What the SDK does for script mode, by hand: the code as sourcedir.tar.gz in S3, and
+    # hyperparameters (JSON-encoded) naming it.
+    archive = tmp_path / "sourcedir.tar.gz"
+    with tarfile.open(archive, "w:gz") as tar:
+        tar.add(fixture_code / "fixture_train.py", arcname="fixture_train.py")
+    code_uri = local_session.upload_data(str(archive), key_prefix="fixture/code")
+    bucket = local_session.default_bucket()
+    template = {
+        "OutputDataConfig": {"S3OutputPath": f"s3://{bucket}/fixture/output"},
+        "HyperParameters": {
+            "sagemaker_program": json.dumps("fixture_train.py"),
+            "sagemaker_submit_directory": json.dumps(code_uri),
+            "steps": json.dumps(2),
+        },
+        "AlgorithmSpecification": {
+            "TrainingImage": "763104351884.dkr.ecr.us-east-1.amazonaws.com/pytorch-training:2.8.0-cpu-py312"
+        },
+    }
 
     local_session.train(
         input_mode="File",
@@ -199,7 +213,7 @@ def test_session_train_and_boto3_waiter(local_session, role, fixture_code):
     names = [
         s["TrainingJobName"] for s in sagemaker.list_training_jobs(MaxResults=10)["TrainingJobSummaries"]
     ]
-    assert names[:2] == ["fixture-boto3", "fixture-session-train"]  # newest first
+    assert names == ["fixture-boto3", "fixture-session-train"]  # newest first
 
 
 def test_stop_training_job(local_session, role, fixture_code):
@@ -249,7 +263,7 @@ def test_spot_interruption_restarts_from_checkpoint(local_session, role, fixture
 
 def test_max_runtime_stops_the_job(local_session, role, fixture_code):
     estimator = pytorch(
-        local_session, role, fixture_code, hyperparameters={"steps": 500, "step_seconds": 0.2}, max_run=4
+        local_session, role, fixture_code, hyperparameters={"steps": 500, "step_seconds": 0.2}, max_run=3
     )
     estimator.fit(logs=False)  # Stopped is not an error for the SDK: it warns
     description = estimator.latest_training_job.describe()
