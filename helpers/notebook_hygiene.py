@@ -8,8 +8,12 @@ Rules (enforced by tests/notebooks/test_notebook_hygiene.py):
   (after ``tests/notebooks/nbval_sanitize.cfg`` replaces job names, timestamps and buckets).
 
     python -m helpers.notebook_hygiene strip                      # strip every notebook in notebooks/
-    python -m helpers.notebook_hygiene store outputs/main/notebooks
-        # strip, and take the checked cells' outputs from the executed copies of `make main`
+    python -m helpers.notebook_hygiene refresh outputs/main
+        # after `make main`: run each notebook up to its checked cell with its cloud parameters
+        # (local mode, against that run's data and jobs), store those outputs, strip the rest
+
+The checked outputs come from the **cloud** parameters (only ``run_mode="local"`` and
+``work_dir`` are set), since they show the request the cloud configuration sends.
 """
 
 from __future__ import annotations
@@ -69,7 +73,7 @@ def problems(nb) -> list[str]:
         if is_checked(cell):
             if not cell.outputs:
                 found.append(f"cell {number} is checked by nbval but stores no output "
-                             f"(python -m helpers.notebook_hygiene store <executed notebooks>)")
+                             f"(python -m helpers.notebook_hygiene refresh outputs/main)")
         elif cell.outputs:
             found.append(f"cell {number} keeps outputs (python -m helpers.notebook_hygiene strip)")
     return found
@@ -84,16 +88,80 @@ def checked_outputs_of(executed: Path) -> dict[str, list]:
     return outputs
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="Strip notebook outputs; store the outputs nbval checks.")
-    parser.add_argument("command", choices=["strip", "store"])
-    parser.add_argument("executed", nargs="?", help="folder of executed notebooks (for 'store')")
-    args = parser.parse_args(argv)
-    if args.command == "store" and not args.executed:
-        parser.error("store needs the folder of executed notebooks, e.g. outputs/main/notebooks")
+def cut_notebooks(dest: Path, work_dir: Path, extra_source=None) -> list[Path]:
+    """Each notebook up to its checked cell, with its cloud parameters but ``run_mode="local"``
+    and ``work_dir``, written to ``dest/notebooks/`` (``helpers/`` and ``scripts/`` linked
+    next to it, as in the repository). ``extra_source(name)`` may return a cell to append."""
+    from nbformat.v4 import new_code_cell
+    from papermill.parameterize import parameterize_notebook
+
+    for name in ("helpers", "scripts"):
+        link = dest / name
+        if not link.exists():
+            link.symlink_to(REPO / name, target_is_directory=True)
+    folder = dest / "notebooks"
+    folder.mkdir(parents=True, exist_ok=True)
+    written = []
     for path in sorted(NOTEBOOK_DIR.glob("[0-9][0-9]_*.ipynb")):
         nb = nbformat.read(str(path), as_version=4)
-        outputs = checked_outputs_of(Path(args.executed) / path.name) if args.command == "store" else None
+        checked = [i for i, cell in enumerate(nb.cells) if is_checked(cell)]
+        if not checked:
+            continue
+        nb.cells = nb.cells[:checked[-1] + 1]
+        if extra_source is not None:
+            nb.cells.append(new_code_cell(extra_source(path.name)))
+        nb = parameterize_notebook(nb, {"run_mode": "local", "work_dir": str(work_dir)})
+        nbformat.write(nb, str(folder / path.name))
+        written.append(folder / path.name)
+    return written
+
+
+def kernel_environment(local_root: Path) -> dict:
+    """Environment for notebook kernels running against an earlier run's local-mode root."""
+    import os
+
+    env = dict(os.environ)
+    env.update({"SAGEMAKER_LOCAL_ROOT": str(local_root), "NOTEBOOK_PLAIN_OUTPUT": "1", "HF_HUB_OFFLINE": "1",
+                "HF_DATASETS_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "SAGEMAKER_SUPPRESS_V2_WARNING": "1",
+                "PYTHONPATH": str(REPO),
+                "PATH": os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])})
+    return env
+
+
+def refresh(run_out: Path) -> dict[str, dict[str, list]]:
+    """Execute the cut notebooks against ``run_out`` (a main-job output folder); their checked outputs."""
+    import os
+    import tempfile
+
+    import papermill
+
+    collected = {}
+    saved = dict(os.environ)
+    os.environ.update(kernel_environment(run_out / "sagemaker-local"))
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            for cut in cut_notebooks(Path(tmp), run_out / "work"):
+                executed = cut.with_suffix(".out.ipynb")
+                papermill.execute_notebook(str(cut), str(executed), cwd=str(cut.parent), kernel_name="python3",
+                                           progress_bar=False)
+                collected[cut.name] = checked_outputs_of(executed)
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+    return collected
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="Strip notebook outputs; refresh the outputs nbval checks.")
+    parser.add_argument("command", choices=["strip", "refresh"])
+    parser.add_argument("run_out", nargs="?", help="output folder of a main-job run, e.g. outputs/main (for 'refresh')")
+    args = parser.parse_args(argv)
+    if args.command == "refresh" and not args.run_out:
+        parser.error("refresh needs the output folder of a main-job run, e.g. outputs/main")
+    collected = refresh(Path(args.run_out).resolve()) if args.command == "refresh" else {}
+    for path in sorted(NOTEBOOK_DIR.glob("[0-9][0-9]_*.ipynb")):
+        nb = nbformat.read(str(path), as_version=4)
+        outputs = collected.get(path.name)
         nbformat.write(strip(nb, outputs), str(path))
         print(f"{path.relative_to(REPO)}: {'stored checked outputs, ' if outputs else ''}stripped")
     return 0

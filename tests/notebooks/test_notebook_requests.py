@@ -16,18 +16,13 @@ CreateTrainingJob request with the SDK's own code.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 
-import nbformat
 import pytest
-from nbformat.v4 import new_code_cell
-from papermill.parameterize import parameterize_notebook
 
-from helpers import run_notebooks
-from helpers.notebook_hygiene import is_checked
+from helpers.notebook_hygiene import cut_notebooks, kernel_environment
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
@@ -40,35 +35,21 @@ HF_IMAGE = ("763104351884.dkr.ecr.us-east-1.amazonaws.com/huggingface-pytorch-tr
 def cloud_requests(notebook_run, tmp_path_factory) -> dict:
     """Run the cut notebooks under nbval; returns {notebook prefix: request} and nbval's result."""
     tmp_path = tmp_path_factory.mktemp("requests")
-    for name in ("helpers", "scripts"):  # the notebooks find them next to their folder, as in the repository
-        (tmp_path / name).symlink_to(REPO / name, target_is_directory=True)
-    folder = tmp_path / "notebooks"
-    folder.mkdir()
     dumps = tmp_path / "requests"
-    notebooks = []
-    for path in run_notebooks.notebooks():
-        nb = nbformat.read(str(path), as_version=4)
-        checked = [i for i, cell in enumerate(nb.cells) if is_checked(cell)]
-        if not checked:
-            continue
-        nb.cells = nb.cells[:checked[-1] + 1]
-        nb.cells.append(new_code_cell(
-            f"import json, pathlib\npathlib.Path({str(dumps)!r}).mkdir(exist_ok=True)\n"
-            f"pathlib.Path({str(dumps / (path.name[:2] + '.json'))!r}).write_text(json.dumps(request, default=str))"))
-        nb = parameterize_notebook(nb, {"run_mode": "local", "work_dir": str(notebook_run.out / "work")})
-        nbformat.write(nb, str(folder / path.name))
-        notebooks.append(folder / path.name)
+    dumps.mkdir()
+
+    def save_request(name: str) -> str:
+        target = dumps / f"{name[:2]}.json"
+        return f"import json, pathlib\npathlib.Path({str(target)!r}).write_text(json.dumps(request, default=str))"
+
+    notebooks = cut_notebooks(tmp_path, notebook_run.out / "work", save_request)
     (tmp_path / "pytest.ini").write_text("[pytest]\n")
-    env = dict(os.environ)
-    env.update({"SAGEMAKER_LOCAL_ROOT": str(notebook_run.local_root), "NOTEBOOK_PLAIN_OUTPUT": "1",
-                "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
-                "SAGEMAKER_SUPPRESS_V2_WARNING": "1", "PYTHONPATH": str(REPO)})
     result = subprocess.run(
         [sys.executable, "-m", "pytest", "--nbval-lax", "--nbval-current-env", "-p", "no:cacheprovider",
          "--nbval-sanitize-with", str(HERE / "nbval_sanitize.cfg"), "-c", str(tmp_path / "pytest.ini"),
          "--rootdir", str(tmp_path), "-q", *map(str, notebooks)],
-        capture_output=True, text=True, cwd=tmp_path, env=env, timeout=420)
-    requests = {p.stem: json.loads(p.read_text()) for p in dumps.glob("*.json")} if dumps.exists() else {}
+        capture_output=True, text=True, cwd=tmp_path, env=kernel_environment(notebook_run.local_root), timeout=420)
+    requests = {p.stem: json.loads(p.read_text()) for p in dumps.glob("*.json")}
     return {"nbval": result, "requests": requests, "count": len(notebooks)}
 
 
