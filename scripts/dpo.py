@@ -31,7 +31,7 @@ Run by hand::
     torchrun --nproc_per_node 2 scripts/dpo.py ...
 
 On SageMaker: ``entry_point="dpo.py", source_dir="scripts"``, ``fit({"train": "s3://.../preferences/"})``
-and optionally channel ``model`` (e.g. the SFT job's output). Checkpoints, resume after
+and optionally channel ``model`` (e.g. the SFT job's model.tar.gz). Checkpoints, resume after
 SIGTERM / spot interruptions and the final model in ``SM_MODEL_DIR`` work as in ``sft.py``.
 """
 
@@ -225,6 +225,7 @@ def main(argv: list[str] | None = None) -> None:
                         f"{args.per_device_batch_size} x {learners.world_size} processes.")
     checkpoints.seed_everything(args.seed)
 
+    models.unpack_model_archive(learners)  # channel 'model' may be an earlier job's model.tar.gz
     model_path = models.resolve_model_path(args.model_name_or_path)
     tokenizer = models.load_tokenizer(model_path)
     train_file = contract.channel_file("train", "train.jsonl")
@@ -243,8 +244,10 @@ def main(argv: list[str] | None = None) -> None:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     model.train()
     model = distributed.wrap_model(model, learners, args.strategy)
-    reference_path = models.resolve_model_path(args.reference_model_name_or_path) \
-        if args.reference_model_name_or_path else model_path
+    reference_path = model_path  # the starting model, unless another is named
+    if args.reference_model_name_or_path:
+        reference_path = models.resolve_model_path(args.reference_model_name_or_path,
+                                                   "--reference_model_name_or_path", use_channel=False)
     reference = models.load_model(reference_path, learners.device, trainable=False)
 
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=args.learning_rate)

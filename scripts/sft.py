@@ -30,7 +30,8 @@ Run by hand (the tiny model and data come from ``python -m helpers.tiny_model`` 
     torchrun --nproc_per_node 2 scripts/sft.py ...          # same global batch, two processes
 
 On SageMaker: ``entry_point="sft.py", source_dir="scripts"``, hyperparameters as below, the data
-as ``fit({"train": "s3://.../chat/"})`` and optionally the weights as channel ``model``.
+as ``fit({"train": "s3://.../chat/"})`` and optionally the weights as channel ``model`` (a
+``save_pretrained`` folder or a job's ``model.tar.gz``).
 Checkpoints go to ``--checkpoint_dir`` (``/opt/ml/checkpoints``) every ``--checkpoint_every``
 steps and on SIGTERM; a restarted job resumes from the newest one. The final model goes to
 ``SM_MODEL_DIR`` (LoRA merged), metrics to stdout and ``$SM_OUTPUT_DATA_DIR/metrics.jsonl``:
@@ -223,6 +224,7 @@ def main(argv: list[str] | None = None) -> None:
     accumulation_steps = args.batch_size // (args.per_device_batch_size * learners.world_size)
     checkpoints.seed_everything(args.seed)
 
+    models.unpack_model_archive(learners)  # channel 'model' may be an earlier job's model.tar.gz
     model_path = models.resolve_model_path(args.model_name_or_path)
     tokenizer = models.load_tokenizer(model_path)  # with a plain template if the model has none
     train_file = contract.channel_file("train", "train.jsonl")

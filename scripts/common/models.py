@@ -9,7 +9,9 @@ precision; frozen models (DPO's reference, LoRA's base) are loaded in bf16 on GP
 everything is fp32. The final model is saved in bf16 when trained on GPU, fp32 on CPU.
 
 API:
-    resolve_model_path(name_or_path) -> str      the channel wins; bad local path -> UserError
+    unpack_model_archive(learners)                channel 'model' may hold a job's model.tar.gz: unpack it
+    resolve_model_path(name_or_path, option="--model_name_or_path", use_channel=True) -> str
+                                                  the channel wins; bad local path -> UserError
     load_tokenizer(path)                          padding on the right, a pad token always set, and
                                                   PLAIN_CHAT_TEMPLATE when the tokenizer has no chat template
     load_model(path, device, trainable=True)      AutoModelForCausalLM, dtype as above
@@ -21,14 +23,18 @@ API:
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
+import shutil
+import tarfile
+import tempfile
 from pathlib import Path
 
 import torch
 
 from common.contract import UserError
-from common.distributed import Learners, unwrap
+from common.distributed import Learners, barrier, unwrap
 
 log = logging.getLogger("common")
 
@@ -44,13 +50,15 @@ PLAIN_CHAT_TEMPLATE = (
 )
 
 
-def resolve_model_path(name_or_path: str) -> str:
-    """``SM_CHANNEL_MODEL`` if set, else ``name_or_path``, checked when it looks like a folder."""
-    channel = os.environ.get("SM_CHANNEL_MODEL")
+def resolve_model_path(name_or_path: str, option: str = "--model_name_or_path", use_channel: bool = True) -> str:
+    """``SM_CHANNEL_MODEL`` if set (and ``use_channel``), else ``name_or_path``, checked when it
+    looks like a folder; errors name ``option``."""
+    channel = os.environ.get("SM_CHANNEL_MODEL") if use_channel else None
     if channel:
         if not (Path(channel) / "config.json").is_file():
-            raise UserError(f"The 'model' channel ({channel}) has no config.json: upload a folder written by "
-                            f"save_pretrained (config.json, *.safetensors, tokenizer files).")
+            raise UserError(f"The 'model' channel ({channel}) has no config.json: give it a folder written by "
+                            f"save_pretrained (config.json, *.safetensors, tokenizer files) or one training "
+                            f"job's model.tar.gz.")
         log.info("model from the 'model' channel: %s (overrides --model_name_or_path %s)", channel, name_or_path)
         return channel
     looks_local = (name_or_path.startswith(("/", "./", "../", "~")) or name_or_path.count("/") > 1
@@ -58,13 +66,41 @@ def resolve_model_path(name_or_path: str) -> str:
     if looks_local:
         path = Path(name_or_path).expanduser()
         if not path.exists():
-            raise UserError(f"--model_name_or_path {name_or_path}: no such folder. Give an existing folder, a hub id "
+            raise UserError(f"{option} {name_or_path}: no such folder. Give an existing folder, a hub id "
                             f"such as Qwen/Qwen2.5-0.5B-Instruct, or the weights as the 'model' channel.")
         if not (path / "config.json").is_file():
-            raise UserError(f"--model_name_or_path {name_or_path}: the folder has no config.json "
+            raise UserError(f"{option} {name_or_path}: the folder has no config.json "
                             f"(expected a folder written by save_pretrained).")
         return str(path)
     return name_or_path
+
+
+def unpack_model_archive(learners: Learners) -> None:
+    """Let channel ``model`` be a training job's ``model.tar.gz``.
+
+    A job's model reaches S3 as ``model.tar.gz`` and SageMaker does not unpack channel files, so
+    when the channel holds one archive and no ``config.json``, local rank 0 unpacks it (once per
+    host and archive) under the temporary folder and ``SM_CHANNEL_MODEL`` points there. Every
+    learner must call it (it waits for the unpacking).
+    """
+    channel = os.environ.get("SM_CHANNEL_MODEL")
+    if not channel or (Path(channel) / "config.json").is_file():
+        return
+    archives = sorted(Path(channel).glob("*.tar.gz"))
+    if len(archives) != 1:
+        return  # resolve_model_path says what the channel lacks
+    stat = archives[0].stat()  # a folder per archive: another job on this host may bring another model
+    key = hashlib.sha256(f"{archives[0].resolve()}:{stat.st_size}:{stat.st_mtime_ns}".encode()).hexdigest()[:12]
+    target = Path(tempfile.gettempdir()) / f"model-channel-{key}"
+    if learners.local_rank == 0 and not (target / "config.json").is_file():
+        log.info("unpacking %s to %s", archives[0], target)
+        staging = Path(tempfile.mkdtemp(prefix=f"{target.name}.", dir=target.parent))
+        with tarfile.open(archives[0]) as archive:
+            archive.extractall(staging, filter="data")
+        shutil.rmtree(target, ignore_errors=True)
+        staging.rename(target)
+    barrier(learners)
+    os.environ["SM_CHANNEL_MODEL"] = str(target)
 
 
 def compute_dtype(device: torch.device) -> torch.dtype:

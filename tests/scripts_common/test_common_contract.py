@@ -171,3 +171,35 @@ def test_model_path_checks(clean_env, tmp_path):
     (weights / "config.json").write_text("{}")
     clean_env.setenv("SM_CHANNEL_MODEL", str(weights))
     assert models.resolve_model_path("./missing") == str(weights)  # the channel wins
+    with pytest.raises(UserError, match="--reference_model_name_or_path ./missing: no such folder"):
+        models.resolve_model_path("./missing", "--reference_model_name_or_path", use_channel=False)
+
+
+def test_model_channel_may_hold_a_jobs_model_tar_gz(clean_env, tmp_path):
+    import tarfile
+
+    from common import models
+    from common.distributed import single_learner
+
+    saved = tmp_path / "model"
+    saved.mkdir()
+    (saved / "config.json").write_text('{"model_type": "qwen2"}')
+    (saved / "model.safetensors").write_bytes(b"weights")
+    channel = tmp_path / "channel"
+    channel.mkdir()
+    with tarfile.open(channel / "model.tar.gz", "w:gz") as archive:  # as SageMaker packs SM_MODEL_DIR
+        for path in saved.iterdir():
+            archive.add(path, arcname=path.name)
+    clean_env.setenv("SM_CHANNEL_MODEL", str(channel))
+    clean_env.setenv("TMPDIR", str(tmp_path / "tmp"))
+    (tmp_path / "tmp").mkdir()
+    import tempfile
+
+    tempfile.tempdir = None  # re-read TMPDIR
+    try:
+        models.unpack_model_archive(single_learner("cpu"))
+        unpacked = models.resolve_model_path("Qwen/Qwen2.5-0.5B-Instruct")
+    finally:
+        tempfile.tempdir = None
+    assert unpacked.startswith(str(tmp_path / "tmp" / "model-channel-"))
+    assert (Path(unpacked) / "model.safetensors").read_bytes() == b"weights"
