@@ -93,6 +93,7 @@ def cut_notebooks(dest: Path, work_dir: Path, extra_source=None) -> list[Path]:
     and ``work_dir``, written to ``dest/notebooks/`` (``helpers/`` and ``scripts/`` linked
     next to it, as in the repository). ``extra_source(name)`` may return a cell to append."""
     from nbformat.v4 import new_code_cell
+    from papermill.iorw import load_notebook_node
     from papermill.parameterize import parameterize_notebook
 
     for name in ("helpers", "scripts"):
@@ -103,13 +104,13 @@ def cut_notebooks(dest: Path, work_dir: Path, extra_source=None) -> list[Path]:
     folder.mkdir(parents=True, exist_ok=True)
     written = []
     for path in sorted(NOTEBOOK_DIR.glob("[0-9][0-9]_*.ipynb")):
-        nb = nbformat.read(str(path), as_version=4)
+        nb = load_notebook_node(str(path))  # papermill's reader: adds the metadata it works with
         checked = [i for i, cell in enumerate(nb.cells) if is_checked(cell)]
         if not checked:
             continue
         nb.cells = nb.cells[:checked[-1] + 1]
         if extra_source is not None:
-            nb.cells.append(new_code_cell(extra_source(path.name)))
+            nb.cells.append(new_code_cell(extra_source(path.name), metadata={"tags": []}))
         nb = parameterize_notebook(nb, {"run_mode": "local", "work_dir": str(work_dir)})
         nbformat.write(nb, str(folder / path.name))
         written.append(folder / path.name)
