@@ -49,9 +49,12 @@ def one_by_one(generator, prompts) -> int:
     return tokens
 
 
-def measure(models: list[str], rounds: int = 3, log=print) -> list[Row]:
+def measure(models: list[str], rounds: int = 3, threads: int = 1, log=print) -> list[Row]:
+    """``threads``: torch threads (0: one per core); one by default, as in ``bench.train_steps``."""
     import torch
 
+    if threads:
+        torch.set_num_threads(threads)
     rows = []
     for name in models:
         path = model_dir(name)
@@ -79,8 +82,9 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--models", nargs="+", default=["tiny", "small"], choices=["tiny", "small"])
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=1, help="torch threads; 0 = one per core (default: 1)")
     args = parser.parse_args(argv)
-    print(format_table(measure(args.models, args.rounds), "GRPO rollout throughput (CPU)"))
+    print(format_table(measure(args.models, args.rounds, args.threads), "GRPO rollout throughput (CPU)"))
 
 
 if __name__ == "__main__":

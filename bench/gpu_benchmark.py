@@ -100,6 +100,9 @@ def memory_now(device: torch.device) -> float:
 
 
 def reset_peak(device: torch.device) -> None:
+    import gc
+
+    gc.collect()  # the previous run's model and optimizer, held by reference cycles
     if device.type == "cuda":
         torch.cuda.synchronize(device)
         torch.cuda.empty_cache()

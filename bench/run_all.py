@@ -5,9 +5,10 @@ Sections, each in its own process so each peak RSS is its own:
   generation  GRPO rollout tokens/s, batched vs one call per completion (``bench.generation``)
   local_mode  time to the script's first line and job overhead (``bench.local_mode_overhead``)
   sandbox     judged tests per second (``bench.sandbox_throughput``)
+Every training and generation run uses one torch thread (see ``bench.train_steps``).
 The table goes to stdout and to ``outputs/bench/cpu_benchmarks.md`` (rows also as ``.json``).
 
-    python -m bench.run_all                       # everything (about 15 minutes on 2 busy cores)
+    python -m bench.run_all                       # everything (about 20 minutes on 2 busy cores)
     python -m bench.run_all --quick               # tiny model only, one round: a minute or three
     python -m bench.run_all --sections steps generation
 """
@@ -38,7 +39,9 @@ def steps_rows(quick: bool) -> list[Row]:
 
     if quick:
         return train_steps.measure(["sft", "dpo", "grpo"], ["tiny"], rounds=1, warmup=1, measured=3)
-    return train_steps.measure(["sft", "dpo", "grpo"], ["tiny", "small"], rounds=3, warmup=2, measured=5)
+    rows = train_steps.measure(["sft", "dpo", "grpo"], ["tiny"], rounds=3, warmup=2, measured=5)
+    # The 25 M model's steps take seconds each: fewer rounds keep the section within minutes.
+    return rows + train_steps.measure(["sft", "dpo", "grpo"], ["small"], rounds=2, warmup=1, measured=3)
 
 
 def generation_rows(quick: bool) -> list[Row]:

@@ -6,6 +6,8 @@ wall time between consecutive steps; start-up (imports, loading, tokenising) is 
 measured window on both sides. Runs alternate ours, TRL, ours, TRL, ... so a change of load on
 the machine hits both; the figure is the median over all measured steps of all rounds.
 
+Every run uses one torch thread by default (``--threads``), both sides alike.
+
 Our loops run as they are: ``sft.main(argv)``, ``dpo.main(argv)``, ``grpo.train(args, env,
 learners)`` imported from ``scripts/``; a step ends when its metric line (``step=N ...``) is
 printed. TRL's step ends at ``on_step_end``. GRPO steps are split into generation, reward and the
@@ -237,10 +239,12 @@ def run_in_subprocess(loop: str, impl: str, model: str, steps: int, timeout: flo
 
 
 def measure(loops: list[str], models: list[str], rounds: int, warmup: int, measured: int,
-            timeout: float = 600.0, threads: int = 0, log=print) -> list[Row]:
+            timeout: float = 600.0, threads: int = 1, log=print) -> list[Row]:
     """Alternate ours and TRL ``rounds`` times per (loop, model); one row per (loop, model)
     and, for GRPO, rows for generation, reward and the rest of the step. ``threads``: torch
-    threads in every run (0: torch's default, one per core)."""
+    threads in every run (0: torch's default, one per core). One by default: on a machine shared
+    with other work, a run with a thread per core waits at every parallel region for whichever
+    thread was descheduled, and its times swing tenfold."""
     if threads:
         os.environ["BENCH_THREADS"] = str(threads)
     rows = []
@@ -296,7 +300,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--rounds", type=int, default=3, help="alternations of ours and TRL (default: %(default)s)")
     parser.add_argument("--warmup", type=int, default=2, help="steps not measured (default: %(default)s)")
     parser.add_argument("--steps", type=int, default=6, help="steps measured per run (default: %(default)s)")
-    parser.add_argument("--threads", type=int, default=0, help="torch threads per run; 0 = one per core (default)")
+    parser.add_argument("--threads", type=int, default=1,
+                        help="torch threads per run; 0 = one per core (default: %(default)s)")
     parser.add_argument("--worker", nargs=4, metavar=("LOOP", "IMPL", "MODEL", "STEPS"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.worker:
