@@ -200,8 +200,13 @@ class Checkpointer:
         return final
 
     def _prune(self) -> None:
-        for old in self.complete_checkpoints()[:-self.keep]:
+        """Keep the newest ``keep`` whole checkpoints; drop older ones and torn ones older than the newest."""
+        complete = self.complete_checkpoints()
+        for old in complete[:-self.keep]:
             shutil.rmtree(old, ignore_errors=True)
+        for folder in self.directory.glob(f"{PREFIX}*"):
+            if folder not in complete and complete and folder.name < complete[-1].name:
+                shutil.rmtree(folder, ignore_errors=True)
 
     # ---------------------------------------------------------------- loading
 

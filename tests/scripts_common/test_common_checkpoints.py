@@ -94,6 +94,10 @@ def test_layout_pruning_and_torn_checkpoints(tmp_path, caplog):
     assert Checkpointer(tmp_path, learners).load_latest(model, optimizer, scheduler) is None
     assert Checkpointer(tmp_path / "nothing-here", learners).load_latest(model, optimizer, scheduler) is None
 
+    # The next save clears torn checkpoints older than itself (a newer torn one would be replaced).
+    Checkpointer(tmp_path, learners).save(6, model, optimizer, scheduler)
+    assert sorted(p.name for p in tmp_path.glob("step_*")) == ["step_00000002", "step_00000006"]  # 2: whole by size
+
 
 def test_sigterm_sets_a_flag_instead_of_killing(tmp_path):
     from common.checkpoints import SigtermFlag
