@@ -66,12 +66,25 @@ def test_script_runs_through_the_container_contract(script, dataset, names, tmp_
     assert any(not torch.equal(a, b) for a, b in zip(trained.parameters(), start.parameters(), strict=True))
 
 
-def test_sft_with_lora_saves_a_merged_plain_model(tmp_path, offline_data, run_in_process, tiny_args):
-    run_in_process("sft", [*tiny_args, "--max_steps", "2", "--lora_r", "4", "--checkpoint_every", "1",
-                           "--keep_checkpoints", "1"], tmp_path, {"train": offline_data["chat"]})
-    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["step_00000002"]  # keep the last 1
+def test_sft_with_lora_saves_a_merged_plain_model_and_resumes(tmp_path, offline_data, run_in_process, tiny_args,
+                                                              same_weights, caplog):
+    import logging
+    import shutil
+
+    channels = {"train": offline_data["chat"]}
+    args = [*tiny_args, "--max_steps", "3", "--lora_r", "4", "--checkpoint_every", "1", "--keep_checkpoints", "2"]
+    run_in_process("sft", args, tmp_path, channels)
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["step_00000002", "step_00000003"]
     assert not (tmp_path / "model" / "adapter_config.json").exists()
     _reloads_and_generates(tmp_path / "model")
+
+    # As if stopped after step 2: the adapter-only checkpoint resumes to the same merged weights.
+    shutil.move(tmp_path / "model", tmp_path / "uninterrupted")
+    shutil.rmtree(tmp_path / "checkpoints" / "step_00000003")
+    with caplog.at_level(logging.INFO):
+        run_in_process("sft", args, tmp_path, channels)
+    assert f"resumed from {tmp_path / 'checkpoints' / 'step_00000002'}" in caplog.text
+    same_weights(tmp_path / "uninterrupted", tmp_path / "model")
 
 
 # --------------------------------------------------------------------------- bad input
