@@ -157,6 +157,7 @@ class Checkpointer:
         self.learners = learners
         self.keep = max(1, keep)
         self.trainable_only = trainable_only
+        self.last_saved_step: int | None = None
         if learners.is_main:
             self.directory.mkdir(parents=True, exist_ok=True)
             for leftover in self.directory.glob(".tmp-*"):  # an earlier run died while writing
@@ -166,7 +167,11 @@ class Checkpointer:
     # ---------------------------------------------------------------- saving
 
     def save(self, step: int, model, optimizer, scheduler=None, extra: dict | None = None) -> Path | None:
-        """Write a checkpoint of ``step`` (every rank must call it). Returns the folder on rank 0."""
+        """Write a checkpoint of ``step`` (every rank must call it). Returns the folder on rank 0.
+        A step this checkpointer has just saved is not written again (SIGTERM right after a
+        periodic save: the time before the instance goes is short)."""
+        if step == self.last_saved_step:
+            return self.directory / f"{PREFIX}{step:08d}" if self.learners.is_main else None
         started = time.perf_counter()
         rng_states = _gather_objects(rng_state(), self.learners)
         model_state = optimizer_state = None
@@ -191,12 +196,13 @@ class Checkpointer:
             files = {p.name: p.stat().st_size for p in sorted(staging.iterdir())}
             manifest = {"step": step, "files": files, "world_size": self.learners.world_size, "time": time.time()}
             (staging / MANIFEST).write_text(json.dumps(manifest, indent=1))
-            if final.exists():  # the same step saved again (e.g. SIGTERM right after a periodic save)
+            if final.exists():  # a torn or older run's folder of the same step
                 shutil.rmtree(final)
             os.replace(staging, final)
             self._prune()
             log.info("checkpoint step %d saved to %s in %.1fs", step, final, time.perf_counter() - started)
         barrier(self.learners)
+        self.last_saved_step = step
         return final
 
     def _prune(self) -> None:

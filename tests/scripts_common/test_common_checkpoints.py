@@ -76,6 +76,9 @@ def test_layout_pruning_and_torn_checkpoints(tmp_path, caplog):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["step_00000002", "step_00000003"]
     manifest = json.loads((tmp_path / "step_00000003" / "manifest.json").read_text())
     assert manifest["step"] == 3 and set(manifest["files"]) == {"model.pt", "optimizer.pt", "state.pt"}
+    written = (tmp_path / "step_00000003" / "manifest.json").stat().st_mtime_ns
+    checkpointer.save(3, model, optimizer, scheduler)  # SIGTERM right after the periodic save: not again
+    assert (tmp_path / "step_00000003" / "manifest.json").stat().st_mtime_ns == written
 
     # Newest torn (a file cut short), next one without a manifest, next one unreadable: fall back to step 2.
     with open(tmp_path / "step_00000003" / "optimizer.pt", "r+b") as handle:
