@@ -3,7 +3,9 @@
 - ``tiny``:  ``helpers.tiny_model.tiny_model_dir()`` (1.3 M parameters).
 - ``small``: the same tokenizer with a wider, deeper Qwen2 configuration (about 25 M parameters),
              random weights; what a step costs once the matrices, not Python, dominate.
-- data: ``helpers.offline_data.write_all`` (chat, preferences, gsm8k, code) in channel layout.
+- data: ``helpers.offline_data.write_all`` (chat, preferences, gsm8k, code) in channel layout;
+  ``uniform_data_dir`` repeats one row of median length so that every batch of both sides of a
+  comparison has the same shape whatever order each samples in.
 """
 
 from __future__ import annotations
@@ -94,4 +96,18 @@ def data_dir() -> Path:
     root = BENCH_OUTPUT / "data"
     if not (root / "gsm8k" / "train.jsonl").exists():
         write_all(root, n_train=128, n_test=16, seed=0)
+    return root
+
+
+def uniform_data_dir(copies: int = 64) -> Path:
+    """``<name>/train.jsonl`` holding ``copies`` times the median-length row of each data set."""
+    root = BENCH_OUTPUT / f"data-uniform-{copies}"
+    if (root / "gsm8k" / "train.jsonl").exists():
+        return root
+    for name in ("chat", "preferences", "gsm8k"):
+        rows = [json.loads(line) for line in (data_dir() / name / "train.jsonl").read_text().splitlines() if line]
+        rows.sort(key=lambda row: len(json.dumps(row)))
+        median_row = rows[len(rows) // 2]
+        (root / name).mkdir(parents=True, exist_ok=True)
+        (root / name / "train.jsonl").write_text("".join(json.dumps(median_row) + "\n" for _ in range(copies)))
     return root

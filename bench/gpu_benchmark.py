@@ -250,14 +250,14 @@ def build_grpo_model(out_dir: Path, smoke: bool) -> Path:
 
 def grpo_benchmark(device: torch.device, smoke: bool, rounds: int, warmup: int, steps: int, log) -> list[Row]:
     from bench import train_steps
-    from bench.fixtures import data_dir
+    from bench.fixtures import uniform_data_dir
 
     settings = dict(train_steps.SETTINGS["grpo"])
     if smoke:
         settings.update(prompts_per_step=2, num_generations=2, micro_batch_size=4, max_new_tokens=8)
     else:
         settings.update(prompts_per_step=8, num_generations=8, micro_batch_size=16, max_new_tokens=128)
-    data = data_dir() / "gsm8k"
+    data = uniform_data_dir() / "gsm8k"
     runs = {"ours": [], "trl": []}
     with tempfile.TemporaryDirectory(prefix="gpu-bench-grpo-") as work:
         work = Path(work)

@@ -1,6 +1,8 @@
 """Training step time: our ``sft.py`` / ``dpo.py`` / ``grpo.py`` loops against TRL's trainers.
 
-Same model, same data, same batch and optimizer settings, CPU. Each run is a fresh process (so
+Same model, same batch and optimizer settings, CPU. The data set is one row of median length
+repeated (``fixtures.uniform_data_dir``), so every step of both sides trains on batches of the
+same shape although each samples in its own order. Each run is a fresh process (so
 its peak RSS is its own) that loads everything, trains ``warmup + measured`` steps and reports the
 wall time between consecutive steps; start-up (imports, loading, tokenising) is outside the
 measured window on both sides. Runs alternate ours, TRL, ours, TRL, ... so a change of load on
@@ -28,7 +30,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench.fixtures import REPO_ROOT, SCRIPTS_DIR, data_dir, model_dir, parameter_count
+from bench.fixtures import REPO_ROOT, SCRIPTS_DIR, model_dir, parameter_count, uniform_data_dir
 from bench.tables import Row, format_table, median, peak_rss_mib
 
 # The settings both sides share. SFT/DPO: 8 examples a step in 2 micro-batches of 4.
@@ -211,7 +213,7 @@ def worker(loop: str, impl: str, model: str, steps: int) -> dict:
     if os.environ.get("BENCH_THREADS"):
         torch.set_num_threads(int(os.environ["BENCH_THREADS"]))
     torch.manual_seed(SEED)
-    path, data = model_dir(model), data_dir() / DATA_SET[loop]
+    path, data = model_dir(model), uniform_data_dir() / DATA_SET[loop]
     with tempfile.TemporaryDirectory(prefix=f"bench-{loop}-{impl}-") as work:
         runner = run_ours if impl == "ours" else run_trl
         result = runner(loop, path, data, steps, Path(work))
