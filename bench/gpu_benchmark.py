@@ -329,7 +329,7 @@ def main(argv: list[str] | None = None) -> Path:
         if torchrun:
             log("GRPO: skipped under torchrun; run this script with plain python on one GPU for it")
         else:
-            rows += grpo_benchmark(device, args.smoke, args.grpo_rounds, 1, args.grpo_steps, log)
+            rows += grpo_benchmark(device, args.smoke, args.grpo_rounds, 0 if args.smoke else 1, args.grpo_steps, log)
 
     learners = start_process_group()
     sft_shape = SMOKE_SHAPE if args.smoke else QWEN2_5_1_5B
