@@ -71,9 +71,15 @@ def local_mode_rows(quick: bool) -> list[Row]:
     try:
         for hosts in (1, 2):
             samples = []
-            for _ in range(runs):
-                with contextlib.redirect_stdout(io.StringIO()):
-                    samples.append(overhead.one_run(session, role, code, hosts))
+            try:
+                for _ in range(runs):
+                    with contextlib.redirect_stdout(io.StringIO()):
+                        samples.append(overhead.one_run(session, role, code, hosts))
+            except Exception as error:  # e.g. the rendezvous port taken by another job on a shared machine
+                print(f"local mode, {hosts} host(s): {error}", flush=True)
+                rows.append(Row("local mode", f"{hosts} host(s)", None, "s",
+                                notes=f"failed: {str(error).splitlines()[0][:160]}"))
+                continue
             own = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
             children = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
             case = f"{hosts} host{'s' if hosts > 1 else ''}, no-op script" + (", torch_distributed" if hosts > 1 else "")
