@@ -125,6 +125,20 @@ def format_plan(plan: dict[str, int], title: str, capacity_gib: float | None = N
     return "\n".join(lines) + "\n"
 
 
+def format_plans(plans: dict[str, dict[str, int]], capacity_gib: float | None = None) -> str:
+    """Several plans side by side, one column each (GiB per GPU)."""
+    labels = list(plans)
+    lines = ["| term | " + " | ".join(labels) + " |", "|---|" + "---|" * len(labels)]
+    for name in next(iter(plans.values())):
+        cells = [f"{plans[label][name] / GIB:.2f}" for label in labels]
+        label = f"**{name}**" if name == "total" else name
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    if capacity_gib:
+        shares = [f"{100 * plans[label]['total'] / GIB / capacity_gib:.0f} %" for label in labels]
+        lines.append(f"| share of {capacity_gib:.0f} GiB | " + " | ".join(shares) + " |")
+    return "\n".join(lines) + "\n"
+
+
 def main() -> None:
     import argparse
 
@@ -137,6 +151,11 @@ def main() -> None:
     plan = memory_plan(LLAMA_3_1_8B, args.world_size, args.micro_batch, args.seq_len, args.master_dtype)
     print(format_plan(plan, f"Llama-3.1-8B full fine-tune, FSDP2 over {args.world_size} GPUs, micro-batch "
                             f"{args.micro_batch} x {args.seq_len} tokens, {args.master_dtype} master weights", 80))
+    variants = {f"{dtype} masters, {batch} x {length}": memory_plan(LLAMA_3_1_8B, args.world_size, batch, length, dtype)
+                for dtype, batch, length in (("fp32", 1, 4096), ("bf16", 1, 4096), ("fp32", 2, 4096),
+                                             ("fp32", 1, 8192), ("fp32", 2, 8192))}
+    print(f"Variants over {args.world_size} GPUs (GiB per GPU):\n")
+    print(format_plans(variants, 80))
 
 
 if __name__ == "__main__":

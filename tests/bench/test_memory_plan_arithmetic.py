@@ -64,3 +64,15 @@ def test_bad_settings_are_refused(bad):
     settings = dict(world_size=8, micro_batch=1, seq_len=4096) | bad
     with pytest.raises(ValueError):
         memory_plan(LLAMA_3_1_8B, **settings)
+
+
+def test_plans_side_by_side_in_gib():
+    from bench.memory_plan import format_plans
+
+    one = memory_plan(TOY, world_size=1, micro_batch=1, seq_len=16)
+    text = format_plans({"a": one, "b": one}, capacity_gib=80)
+    lines = text.splitlines()
+    assert lines[0] == "| term | a | b |"
+    assert lines[2] == "| params | 0.00 | 0.00 |"
+    assert lines[-2].startswith("| **total** |") and lines[-1] == "| share of 80 GiB | 0 % | 0 % |"
+    assert len(lines) == 2 + len(one) + 1
