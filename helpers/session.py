@@ -12,13 +12,13 @@ and nothing reaches AWS. The SDK's own Docker local mode (``instance_type="local
 
 from __future__ import annotations
 
+import copy
 import os
 
 import boto3
 import botocore.config
 import botocore.exceptions
 import sagemaker
-from sagemaker.config import load_sagemaker_config
 
 from helpers import local_mode
 
@@ -48,12 +48,12 @@ def _say(text: str) -> None:
     print(f"[session] {text}", flush=True)
 
 
-def _telemetry_off_config() -> dict:
-    config = load_sagemaker_config() or {}
-    config.setdefault("SchemaVersion", "1.0")
-    modules = config.setdefault("SageMaker", {}).setdefault("PythonSDK", {}).setdefault("Modules", {})
-    modules["TelemetryOptOut"] = True
-    return config
+# Local mode applies no SDK defaults file (a VPC, a KMS key or a role there are AWS things); it only
+# switches the SDK's telemetry off, since nothing may leave the machine.
+LOCAL_SDK_CONFIG = {
+    "SchemaVersion": "1.0",
+    "SageMaker": {"PythonSDK": {"Modules": {"TelemetryOptOut": True}}},
+}
 
 
 def _local_session(region: str, default_bucket: str | None) -> LocalModeSession:
@@ -62,7 +62,7 @@ def _local_session(region: str, default_bucket: str | None) -> LocalModeSession:
     return LocalModeSession(
         boto_session=boto_session,
         default_bucket=bucket,  # the SDK would otherwise ask STS on a hard-coded endpoint
-        sagemaker_config=_telemetry_off_config(),  # no telemetry request from local mode
+        sagemaker_config=copy.deepcopy(LOCAL_SDK_CONFIG),
     )
 
 

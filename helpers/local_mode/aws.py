@@ -13,6 +13,7 @@ import datetime as dt
 import threading
 
 import boto3
+import botocore.loaders
 import botocore.session
 from moto import mock_aws
 
@@ -28,8 +29,14 @@ def say(text: str) -> None:
     print(f"[local-mode] {text}", flush=True)
 
 
+# One loader for every session local mode makes: botocore's service models (SageMaker's is large)
+# are then read from disk once per process instead of once per session.
+_LOADER = botocore.loaders.create_loader()
+
+
 def _botocore_session(region: str) -> botocore.session.Session:
     session = botocore.session.Session()
+    session.register_component("data_loader", _LOADER)
     session.set_credentials(FAKE_ACCESS_KEY, "local-mode-secret-key")
     session.set_config_variable("region", region)
     return session

@@ -43,6 +43,7 @@ NOMINAL_SPOT_DISCOUNT = 0.70
 STOP_GRACE_SECONDS = 10  # SIGTERM -> SIGKILL on stop, spot interruption, limits
 PEER_GRACE_SECONDS = 5  # SIGTERM -> SIGKILL for the hosts left after one failed
 CHECKPOINT_SYNC_SECONDS = 5
+MAX_LOG_EVENT_CHARS = 200_000  # CloudWatch Logs takes events up to 256 KB
 TORCHRUN_PORT = 7777  # sagemaker_training.torch_distributed.MASTER_PORT
 PORT_WAIT_SECONDS = 30
 PYTORCH_TRAINING_MODULE = "sagemaker_pytorch_container.training:main"
@@ -84,6 +85,7 @@ class TrainingJob:
         self._logs_lock = threading.Lock()
         self._final_metrics: dict[str, tuple[float, float]] = {}
         self._training_started = 0.0
+        self._processes: list = []
         self._thread = threading.Thread(target=self._main, name=f"local-job-{self.name}", daemon=True)
 
     # ---- control from the API ------------------------------------------------------------------
@@ -130,6 +132,7 @@ class TrainingJob:
         except _Outcome as outcome:
             self._finish(outcome.kind, outcome.reason)
         except Exception as error:  # a bug or an environment problem: the job must still end
+            _terminate(self._processes, PEER_GRACE_SECONDS)
             self._finish("Failed", f"ClientError: local mode could not run the job: {error!r}")
         finally:
             if lock_file is not None:
@@ -418,6 +421,7 @@ class TrainingJob:
             self._wait_for_torchrun_port()
         module = training_module_for(self.job["AlgorithmSpecification"].get("TrainingImage", ""))
         processes, pumps = [], []
+        self._processes = processes  # stopped by _main if local mode itself fails mid-job
         for host in hosts:
             stream = self._streams.setdefault(host.name, f"{self.name}/{host.name}-{int(time.time())}")
             self.aws.create_log_stream(stream)
@@ -478,18 +482,23 @@ class TrainingJob:
             for d in self.job["AlgorithmSpecification"].get("MetricDefinitions", [])
         ]
         for raw in process.stdout:
-            line = raw.decode("utf-8", "replace").rstrip("\n")
+            line = raw.decode("utf-8", "replace").rstrip("\n")[:MAX_LOG_EVENT_CHARS]
             now = time.time()
-            self.aws.put_log_event(self.name, stream, int(now * 1000), line)
+            try:
+                self.aws.put_log_event(self.name, stream, int(now * 1000), line)
+            except Exception as error:  # keep reading: a host blocked on a full pipe would hang the job
+                self._say(f"could not record a log line of {stream}: {error!r}")
             for name, regex in definitions:
                 match = regex.search(line)
                 if match:
                     try:
                         value = float(match.group(1))
+                        self._final_metrics[name] = (value, now)
+                        self.aws.put_metric(self.name, name, value, now)
                     except (IndexError, ValueError):
-                        continue
-                    self._final_metrics[name] = (value, now)
-                    self.aws.put_metric(self.name, name, value, now)
+                        continue  # the regex matched without a number: SageMaker skips it too
+                    except Exception as error:
+                        self._say(f"could not record metric {name}: {error!r}")
             request = self._spot_request
             if request is not None and request["after_step"] is not None:
                 step = STEP_LINE.search(line)
