@@ -77,7 +77,7 @@ def main() -> None:
 
 
 def evaluate(args, learners, env) -> None:
-    grpo.unpack_model_archive(learners)  # channel 'model' may be a training job's model.tar.gz
+    models.unpack_model_archive(learners)  # channel 'model' may be a training job's model.tar.gz
     model_path = models.resolve_model_path(args.model_name_or_path)
     tokenizer = models.load_tokenizer(model_path)
     model = models.load_model(model_path, learners.device, trainable=False)

@@ -23,15 +23,10 @@ On SageMaker the toolkit passes hyperparameters as ``--key value`` and data as c
 from __future__ import annotations
 
 import argparse
-import hashlib
 import logging
 import math
 import os
-import shutil
-import tarfile
-import tempfile
 import time
-from pathlib import Path
 
 import torch
 from common import checkpoints, contract, data, distributed, metrics, models
@@ -198,15 +193,6 @@ def grpo_loss(logprobs, old_logprobs, ref_logprobs, advantages, mask, *, loss_ty
 # --------------------------------------------------------------------------- generation
 
 
-def is_fsdp(model) -> bool:
-    """Whether ``model`` is sharded with FSDP2 (``--strategy fsdp``)."""
-    try:
-        from torch.distributed.fsdp import FSDPModule
-    except ImportError:
-        return False
-    return isinstance(model, FSDPModule)
-
-
 class HFGenerator:
     """Sampling with transformers' ``generate``: KV cache, every group of the step in one batched call,
     prompts padded on the left so all completions start at the same column."""
@@ -222,7 +208,7 @@ class HFGenerator:
         self.stop_ids = sorted(set(eos) | {tokenizer.eos_token_id})
         # FSDP layers gather their weights in every forward, a collective: learners that finish their
         # completions early must keep stepping until all have finished, or the others wait forever.
-        self.synced_gpus = learners.world_size > 1 and is_fsdp(model)
+        self.synced_gpus = learners.world_size > 1 and distributed.is_fsdp(model)
 
     def _generation_config(self, greedy: bool):
         from transformers import GenerationConfig
@@ -343,33 +329,6 @@ def pad_rows(rows: list[list[int]], value: int, left: bool, device) -> tuple[tor
     return torch.tensor(ids, device=device), torch.tensor(mask, device=device)
 
 
-def unpack_model_archive(learners: distributed.Learners) -> None:
-    """Let channel ``model`` be a training job's ``model.tar.gz``.
-
-    A training job's model arrives in S3 as ``model.tar.gz`` and SageMaker does not unpack channel
-    files, so when the channel holds one archive and no ``config.json``, the archive is unpacked
-    (once per host and archive) under the temporary folder and ``SM_CHANNEL_MODEL`` points there.
-    """
-    channel = os.environ.get("SM_CHANNEL_MODEL")
-    if not channel or (Path(channel) / "config.json").is_file():
-        return
-    archives = sorted(Path(channel).glob("*.tar.gz"))
-    if len(archives) != 1:
-        return  # models.resolve_model_path says what the channel lacks
-    stat = archives[0].stat()  # a folder per archive: another job on this host may bring another model
-    key = hashlib.sha256(f"{archives[0].resolve()}:{stat.st_size}:{stat.st_mtime_ns}".encode()).hexdigest()[:12]
-    target = Path(tempfile.gettempdir()) / f"model-channel-{key}"
-    if learners.local_rank == 0 and not (target / "config.json").is_file():
-        log.info("unpacking %s to %s", archives[0], target)
-        staging = Path(tempfile.mkdtemp(prefix=f"{target.name}.", dir=target.parent))
-        with tarfile.open(archives[0]) as archive:
-            archive.extractall(staging, filter="data")
-        shutil.rmtree(target, ignore_errors=True)
-        staging.rename(target)
-    distributed.barrier(learners)
-    os.environ["SM_CHANNEL_MODEL"] = str(target)
-
-
 # --------------------------------------------------------------------------- the loop
 
 
@@ -385,7 +344,7 @@ def train(args, env: Environment, learners: distributed.Learners) -> bool:
     torch.manual_seed(args.seed + learners.rank)  # learners sample different completions
 
     # ---- model, reference model, optimizer, schedule
-    unpack_model_archive(learners)
+    models.unpack_model_archive(learners)  # channel 'model' may be an earlier job's model.tar.gz
     model_path = models.resolve_model_path(args.model_name_or_path)
     tokenizer = models.load_tokenizer(model_path)
     policy = models.load_model(model_path, learners.device, trainable=True)

@@ -45,7 +45,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from common.distributed import Learners, any_flag, barrier, unwrap
+from common.distributed import Learners, any_flag, barrier, is_fsdp, unwrap
 
 log = logging.getLogger("common")
 
@@ -82,16 +82,8 @@ def set_rng_state(state: dict) -> None:
 # --------------------------------------------------------------------------- model/optimizer state
 
 
-def _is_fsdp(model: torch.nn.Module) -> bool:
-    try:
-        from torch.distributed.fsdp import FSDPModule
-    except ImportError:
-        return False
-    return isinstance(model, FSDPModule)
-
-
 def _model_state(model, trainable_only: bool) -> dict:
-    if _is_fsdp(model):  # collective: every rank calls it, rank 0 receives the full tensors
+    if is_fsdp(model):  # collective: every rank calls it, rank 0 receives the full tensors
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
         return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
@@ -102,7 +94,7 @@ def _model_state(model, trainable_only: bool) -> dict:
 
 
 def _optimizer_state(model, optimizer) -> dict:
-    if _is_fsdp(model):
+    if is_fsdp(model):
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
 
         return get_optimizer_state_dict(model, optimizer,
@@ -111,7 +103,7 @@ def _optimizer_state(model, optimizer) -> dict:
 
 
 def _load_model_state(model, state: dict, trainable_only: bool) -> None:
-    if _is_fsdp(model):
+    if is_fsdp(model):
         from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 
         set_model_state_dict(model, state, options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True))
@@ -122,7 +114,7 @@ def _load_model_state(model, state: dict, trainable_only: bool) -> None:
 
 
 def _load_optimizer_state(model, optimizer, state: dict) -> None:
-    if _is_fsdp(model):
+    if is_fsdp(model):
         from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
 
         set_optimizer_state_dict(model, optimizer, optim_state_dict=state,
@@ -175,7 +167,7 @@ class Checkpointer:
         started = time.perf_counter()
         rng_states = _gather_objects(rng_state(), self.learners)
         model_state = optimizer_state = None
-        if self.learners.is_main or _is_fsdp(model):  # FSDP gathers with every rank; DDP replicas are equal
+        if self.learners.is_main or is_fsdp(model):  # FSDP gathers with every rank; DDP replicas are equal
             model_state = _model_state(model, self.trainable_only)
             optimizer_state = _optimizer_state(model, optimizer)
         final = None
@@ -256,7 +248,7 @@ class Checkpointer:
         for folder in self._candidates():
             try:
                 state = torch.load(folder / "state.pt", map_location="cpu", weights_only=False)
-                load_full = self.learners.is_main or not _is_fsdp(model)
+                load_full = self.learners.is_main or not is_fsdp(model)
                 model_state = torch.load(folder / "model.pt", map_location="cpu", weights_only=False) if load_full else {}
                 optimizer_state = (torch.load(folder / "optimizer.pt", map_location="cpu", weights_only=False)
                                    if load_full else {})

@@ -14,6 +14,7 @@ API:
                                 ``fsdp``: FSDP2 ``fully_shard`` per decoder layer + root,
                                 bf16 compute / fp32 reduction on GPU
     unwrap(model)               the module underneath DDP (FSDP2 modules are their own)
+    is_fsdp(model)              whether the model is sharded with FSDP2 (``--strategy fsdp``)
     gradient_sync(model, on)    context: skip DDP's gradient all-reduce on accumulation micro-steps
     autocast(learners)          bf16 autocast on GPU, nothing on CPU
     clip_grad_norm(model, max_norm) -> float   the norm before clipping (DDP and FSDP2 alike)
@@ -156,6 +157,15 @@ def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
     if not layers:
         raise ValueError(f"cannot find decoder layers to shard in {type(model).__name__}")
     return layers
+
+
+def is_fsdp(model: torch.nn.Module) -> bool:
+    """Whether ``model`` is sharded with FSDP2 (``--strategy fsdp``)."""
+    try:
+        from torch.distributed.fsdp import FSDPModule
+    except ImportError:
+        return False
+    return isinstance(model, FSDPModule)
 
 
 def unwrap(model: torch.nn.Module) -> torch.nn.Module:
