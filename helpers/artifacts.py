@@ -1,10 +1,8 @@
-"""A finished job's artifacts in S3: list them, download them, turn the model into a channel.
+"""A finished job's artifacts in S3: list them, download them, load the model.
 
 A training job leaves ``<output_path>/<job>/output/model.tar.gz`` (``SM_MODEL_DIR``) and
-``output.tar.gz`` (``SM_OUTPUT_DATA_DIR``: here ``metrics.jsonl``). A ``model`` channel
-must be a folder with ``config.json`` (what ``save_pretrained`` writes), so passing a
-trained model to the next job (evaluation, the next stage) means unpacking
-``model.tar.gz`` once and uploading the folder.
+``output.tar.gz`` (``SM_OUTPUT_DATA_DIR``: here ``metrics.jsonl``). The next job can take
+``model.tar.gz`` as its ``model`` channel as it is (the scripts unpack it).
 """
 
 from __future__ import annotations
@@ -38,15 +36,6 @@ def download_and_extract(session, tar_uri: str, dest: str | Path) -> Path:
         tar.extractall(dest, filter="data")
     archive.unlink()
     return dest
-
-
-def model_as_channel(session, model_data: str, dest_uri: str, workdir: str | Path) -> str:
-    """Unpack a job's ``model.tar.gz`` and upload the folder to ``dest_uri`` (a ``model`` channel)."""
-    folder = download_and_extract(session, model_data, Path(workdir))
-    if not (folder / "config.json").is_file():
-        raise FileNotFoundError(f"{model_data} holds no config.json: the job did not save_pretrained into SM_MODEL_DIR.")
-    bucket, key = split_s3(dest_uri)
-    return session.upload_data(str(folder), bucket=bucket, key_prefix=key.rstrip("/"))
 
 
 def load_model(path: str | Path):

@@ -52,6 +52,16 @@ def metric_definitions(*names: str) -> list[dict]:
     return [{"Name": name, "Regex": rf"\b{name}=({FLOAT})"} for name in names]
 
 
+def merge_by_step(records: list[dict]) -> list[dict]:
+    """One record per step, in step order: records of the same step are merged (a script may log
+    a step's metrics in two lines, e.g. code RL's verdict rates), later values winning (a job
+    resumed after an interruption logs some steps again)."""
+    by_step: dict[int, dict] = {}
+    for record in records:
+        by_step.setdefault(record["step"], {}).update(record)
+    return [by_step[step] for step in sorted(by_step)]
+
+
 def latest(records: list[dict]) -> dict:
     """The last value of every metric (a metric may be logged on some steps only)."""
     values: dict = {}
@@ -99,4 +109,4 @@ def read_job_metrics(session, job_name: str) -> list[dict]:
     data = read_tar_member(session, uri, "metrics.jsonl")
     if data is None:
         raise FileNotFoundError(f"{uri} holds no metrics.jsonl: did the script write to $SM_OUTPUT_DATA_DIR?")
-    return [json.loads(line) for line in data.decode("utf-8").splitlines() if line.strip()]
+    return merge_by_step([json.loads(line) for line in data.decode("utf-8").splitlines() if line.strip()])

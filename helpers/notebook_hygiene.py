@@ -4,8 +4,9 @@ Rules (enforced by tests/notebooks/test_notebook_hygiene.py):
 - the first code cell is tagged ``parameters`` (papermill) and holds the cloud defaults;
 - the notebook names its kernel (``kernelspec`` python3) and ``language_info``;
 - no execution counts and no outputs, except in cells that start with ``# NBVAL_CHECK_OUTPUT``:
-  they keep the output of a local-mode run with the CI parameters, which nbval compares
-  (after ``tests/notebooks/nbval_sanitize.cfg`` replaces job names, timestamps and buckets).
+  they keep their output and execution count 1 (nbval skips cells marked unrun), and nbval
+  compares that output (after ``tests/notebooks/nbval_sanitize.cfg`` replaces job names,
+  timestamps and buckets).
 
     python -m helpers.notebook_hygiene strip                      # strip every notebook in notebooks/
     python -m helpers.notebook_hygiene refresh outputs/main
@@ -27,6 +28,7 @@ import nbformat
 REPO = Path(__file__).resolve().parents[1]
 NOTEBOOK_DIR = REPO / "notebooks"
 CHECK_MARK = "# NBVAL_CHECK_OUTPUT"
+CHECKED_EXECUTION_COUNT = 1  # the same in every checked cell: no diff from one run to the next
 
 
 def is_checked(cell) -> bool:
@@ -46,9 +48,10 @@ def strip(nb, checked_outputs: dict[str, list] | None = None):
         if is_checked(cell):
             if checked_outputs is not None and cell.get("id") in checked_outputs:
                 cell.outputs = checked_outputs[cell.id]
+            cell.execution_count = CHECKED_EXECUTION_COUNT  # nbval ignores outputs of cells marked unrun
             for output in cell.outputs:
                 if "execution_count" in output:
-                    output["execution_count"] = None
+                    output["execution_count"] = CHECKED_EXECUTION_COUNT
         else:
             cell.outputs = []
     return nb
@@ -68,14 +71,16 @@ def problems(nb) -> list[str]:
     for number, cell in enumerate(nb.cells):
         if cell.cell_type != "code":
             continue
-        if cell.execution_count is not None:
-            found.append(f"cell {number} has an execution count (strip it)")
         if is_checked(cell):
+            if cell.execution_count != CHECKED_EXECUTION_COUNT:
+                found.append(f"cell {number} is checked by nbval and needs execution_count "
+                             f"{CHECKED_EXECUTION_COUNT} (python -m helpers.notebook_hygiene strip)")
             if not cell.outputs:
                 found.append(f"cell {number} is checked by nbval but stores no output "
                              f"(python -m helpers.notebook_hygiene refresh outputs/main)")
-        elif cell.outputs:
-            found.append(f"cell {number} keeps outputs (python -m helpers.notebook_hygiene strip)")
+        elif cell.outputs or cell.execution_count is not None:
+            found.append(f"cell {number} keeps outputs or an execution count "
+                         f"(python -m helpers.notebook_hygiene strip)")
     return found
 
 

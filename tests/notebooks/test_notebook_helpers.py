@@ -34,6 +34,13 @@ def test_metric_definitions_read_the_same_values():
         metrics.metric_definitions("Loss/train")
 
 
+def test_records_of_one_step_are_merged_in_step_order():
+    records = [{"step": 1, "loss": 2.0}, {"step": 1, "pass_rate": 0.5}, {"step": 3, "loss": 1.0},
+               {"step": 2, "loss": 1.5}, {"step": 3, "loss": 0.9}]
+    assert metrics.merge_by_step(records) == [{"step": 1, "loss": 2.0, "pass_rate": 0.5}, {"step": 2, "loss": 1.5},
+                                              {"step": 3, "loss": 0.9}]
+
+
 def test_latest_keeps_the_last_value_of_each_metric():
     records = [{"step": 1, "loss": 2.0, "accuracy": 0.1}, {"step": 2, "loss": 1.0}]
     assert metrics.latest(records) == {"step": 2, "loss": 1.0, "accuracy": 0.1}

@@ -82,5 +82,5 @@ def test_strip_removes_outputs_but_keeps_checked_ones():
     nb.metadata["papermill"] = {"duration": 1}
     strip(nb)
     assert nb.cells[0].outputs == [] and nb.cells[0].execution_count is None
-    assert nb.cells[1].outputs[0]["text"] == "1\n" and nb.cells[1].execution_count is None
+    assert nb.cells[1].outputs[0]["text"] == "1\n" and nb.cells[1].execution_count == 1
     assert "papermill" not in nb.metadata
