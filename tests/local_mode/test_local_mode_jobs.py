@@ -230,7 +230,12 @@ def test_stop_training_job(local_session, role, fixture_code):
         assert time.time() < deadline
         time.sleep(0.2)
     job.stop()
-    description = local_session.wait_for_job(job.name)
+    # The SDK's wait_for_job treats "Stopping" as an end state (and raises on it, on SageMaker too);
+    # boto3's waiter waits through it.
+    client.get_waiter("training_job_completed_or_stopped").wait(
+        TrainingJobName=job.name, WaiterConfig={"Delay": 1, "MaxAttempts": 120}
+    )
+    description = client.describe_training_job(TrainingJobName=job.name)
     assert description["TrainingJobStatus"] == "Stopped"
     statuses = [t["Status"] for t in description["SecondaryStatusTransitions"]]
     assert statuses[-3:] == ["Stopping", "Uploading", "Stopped"]
