@@ -5,8 +5,10 @@ from __future__ import annotations
 import math
 
 
-def plot_metrics(records: list[dict], names: list[str] | None = None, title: str = "", columns: int = 3):
-    """One small panel per metric against step; returns the figure."""
+def plot_metrics(records: list[dict], names: list[str] | None = None, title: str = "", columns: int = 3,
+                 marks: dict[str, float] | None = None):
+    """One small panel per metric against step; ``marks`` ({label: step}) draws labelled vertical
+    lines (e.g. where a job resumed). Returns the figure."""
     import matplotlib.pyplot as plt
 
     if not records:
@@ -22,6 +24,10 @@ def plot_metrics(records: list[dict], names: list[str] | None = None, title: str
         ax.set_title(name)
         ax.set_xlabel("step")
         ax.grid(alpha=0.3)
+        for label, step in (marks or {}).items():
+            ax.axvline(step, color="tab:red", linestyle="--", linewidth=1, label=label)
+        if marks:
+            ax.legend(fontsize="small")
     for ax in list(axes.flat)[len(names):]:
         ax.set_visible(False)
     if title:
