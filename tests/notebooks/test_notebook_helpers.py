@@ -318,3 +318,40 @@ def test_widget_view_shows_status_progress_and_metrics():
     assert view.progress.value == 2 and view.progress.max == 4 and view.step_label.value == "2/4"
     assert "InProgress / Training - in progress" in view.status.value
     assert "<td>loss</td><td>1.5</td>" in view.metrics.value and view.log.value.endswith("line 2")
+
+
+def test_pricing_api_answer_is_read_from_the_on_demand_terms():
+    import boto3
+    from botocore.stub import Stubber
+
+    product = {"product": {"attributes": {"instanceName": "ml.p5.48xlarge", "usagetype": "USE1-Train:ml.p5.48xlarge",
+                                          "component": "Training"}},
+               "terms": {"OnDemand": {"T1": {"priceDimensions": {"D1": {"unit": "Hrs",
+                                                                        "pricePerUnit": {"USD": "63.296"}}}}}}}
+    session = boto3.Session(aws_access_key_id="x", aws_secret_access_key="y", region_name="us-east-1")
+    client = session.client("pricing", region_name="us-east-1")
+    stubber = Stubber(client)
+    stubber.add_response("get_products", {"PriceList": [json.dumps(product)], "FormatVersion": "aws_v1"})
+
+    class _Session:
+        def client(self, *args, **kwargs):
+            return client
+
+    with stubber:
+        assert cost.pricing_api_price("ml.p5.48xlarge", "us-east-1", boto_session=_Session()) == 63.296
+        stubber.add_response("get_products", {"PriceList": [json.dumps(product)], "FormatVersion": "aws_v1"})
+        price = cost.price_for("ml.p5.48xlarge", "us-east-1", boto_session=_Session())
+    assert price.usd_per_hour == 63.296 and "Pricing API" in price.source and "today" in price.source
+
+
+def test_offline_data_becomes_channel_files_without_empty_fields(tmp_path):
+    from helpers import data_prep
+
+    dataset = data_prep.load("code", "offline", n_train=6, n_test=2, workdir=tmp_path)
+    folders = data_prep.write_channels(dataset, tmp_path / "channels")
+    assert set(folders) == {"train", "test"}
+    rows = [json.loads(line) for line in (folders["train"] / "train.jsonl").read_text().splitlines()]
+    assert len(rows) == 6 and all(None not in row.values() for row in rows)
+    assert any("fn_name" in row for row in rows) and any("fn_name" not in row for row in rows)
+    with pytest.raises(ValueError, match="hub' or 'offline"):
+        data_prep.load("gsm8k", "somewhere")
