@@ -151,7 +151,9 @@ def build_summary(results: list[dict], state_file: Path, out: Path) -> dict:
         "evaluation": state.get("evaluation", {}),
         "spot": state.get("spot", {}),
         "paths": {"executed notebooks": str(out / "notebooks"), "state file": str(state_file),
-                  "local mode root (S3, jobs, logs, /opt/ml trees)": str(out / "sagemaker-local")},
+                  "local mode root (S3, jobs, logs, /opt/ml trees)": str(out / "sagemaker-local"),
+                  "S3 objects, mirrored on disk (s3://<bucket>/<key> is <this>/<bucket>/<key>)":
+                      str(out / "sagemaker-local" / "s3")},
     }
 
 
