@@ -34,11 +34,7 @@ CI_PARAMETERS = {
     "01": {"max_steps": 2, "batch_size": 2, "per_device_batch_size": 1, "max_length": 128},
     "02": {"max_steps": 2, "batch_size": 2, "per_device_batch_size": 1, "max_prompt_length": 64, "max_length": 128},
     "03": {"max_steps": 2, "batch_size": 2, "num_generations": 4, "micro_batch_size": 4, "max_new_tokens": 16},
-    # network_isolation: local mode cannot yet run a network-isolated job (the SDK then sends the code
-    # as a channel, sagemaker_submit_directory=/opt/ml/input/data/code/sourcedir.tar.gz, which local
-    # mode rejects). The cloud request keeps isolation on: tests/notebooks/test_notebook_requests.py.
-    "04": {"max_steps": 2, "batch_size": 2, "num_generations": 2, "micro_batch_size": 4, "max_new_tokens": 32,
-           "network_isolation": False},
+    "04": {"max_steps": 2, "batch_size": 2, "num_generations": 2, "micro_batch_size": 4, "max_new_tokens": 32},
     "05": {"max_steps": 4, "batch_size": 2, "num_generations": 2, "micro_batch_size": 4, "max_new_tokens": 16,
            "checkpoint_every": 1, "interrupt_after_step": 2},
     "06": {"max_eval_examples": 4, "max_new_tokens": 16},

@@ -257,9 +257,12 @@ class TrainingJob:
         uri = hyperparameters.get("sagemaker_submit_directory")
         if not uri:
             return None
-        if not str(uri).startswith("s3://"):
+        uri = self._code_channel_uri(str(uri))
+        if not uri.startswith("s3://"):
             raise _Outcome(
-                "Failed", f"ClientError: sagemaker_submit_directory must be an s3:// URI, got {uri!r}."
+                "Failed",
+                "ClientError: sagemaker_submit_directory must be an s3:// URI or a file in an input channel "
+                f"(/opt/ml/input/data/<channel>/...), got {uri!r}.",
             )
         bucket, key = _split_s3(uri)
         body = self._get_object(bucket, key, what="source code (sagemaker_submit_directory)")
@@ -281,6 +284,25 @@ class TrainingJob:
             requirements.unlink()
             self._say("requirements.txt satisfied by this environment (not installed again)")
         return target
+
+    def _code_channel_uri(self, uri: str) -> str:
+        """With network isolation the SDK ships the code as channel ``code`` and points
+        ``sagemaker_submit_directory`` at the file inside the container
+        (``/opt/ml/input/data/code/sourcedir.tar.gz``): read it from that channel's S3 source."""
+        prefix = "/opt/ml/input/data/"
+        if not uri.startswith(prefix):
+            return uri
+        name, _, relative = uri[len(prefix) :].partition("/")
+        for channel in self.job.get("InputDataConfig", []):
+            if channel["ChannelName"] == name:
+                source = channel["DataSource"]["S3DataSource"]["S3Uri"]
+                if source.rstrip("/").endswith("/" + relative):  # the channel is the file itself
+                    return source
+                return f"{source.rstrip('/')}/{relative}"
+        raise _Outcome(
+            "Failed",
+            f"ClientError: sagemaker_submit_directory is {uri!r}, but the job has no input channel {name!r}.",
+        )
 
     def _download_channels(self, target: Path, host_count: int) -> dict[str, list[Path]]:
         """Every channel downloaded once; per host, the files that host gets (sharding)."""

@@ -103,6 +103,24 @@ def test_two_hosts_torch_distributed_all_reduce(local_session, role, fixture_cod
     assert len(result["hosts"]) == 2
 
 
+def test_network_isolation_ships_the_code_as_a_channel(local_session, role, fixture_code):
+    """With isolation the SDK sends the code as channel 'code' and points the toolkit at the file
+    inside the container; the job must run from it, with the request left as the SDK built it."""
+    estimator = pytorch(
+        local_session, role, fixture_code,
+        hyperparameters={"steps": 2},
+        enable_network_isolation=True,
+    )  # fmt: skip
+    estimator.fit(logs=False)
+    description = estimator.latest_training_job.describe()
+    assert description["EnableNetworkIsolation"] is True
+    assert "code" in [c["ChannelName"] for c in description["InputDataConfig"]]
+    assert json.loads(description["HyperParameters"]["sagemaker_submit_directory"]).startswith(
+        "/opt/ml/input/data/code/"
+    )
+    assert json.loads(read_model(local_session, estimator.model_data)["result.json"])["final_step"] == 2
+
+
 def test_failing_host_fails_the_job_and_stops_its_peer(local_session, role, fixture_code):
     estimator = pytorch(
         local_session, role, fixture_code,

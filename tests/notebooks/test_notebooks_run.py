@@ -36,10 +36,6 @@ EXPECTED_REQUESTS = {
     "06": dict(jobs=2, program="evaluate.py", image=PYTORCH_IMAGE, instance_type="ml.g5.2xlarge", count=1,
                spot=False, checkpoint=False, torchrun=False, isolation=False, channels={"test", "model"}),
 }
-# Where the CI parameters turn network isolation off (see run_notebooks.CI_PARAMETERS), the SDK sends
-# the code through S3 instead of a "code" channel; the cloud request is checked in test_notebook_requests.py.
-if run_notebooks.CI_PARAMETERS["04"].get("network_isolation") is False:
-    EXPECTED_REQUESTS["04"] = {**EXPECTED_REQUESTS["04"], "isolation": False, "channels": {"train", "model"}}
 # A metric each script must report (in its metric lines and metrics.jsonl).
 EXPECTED_METRICS = {"01": "loss", "02": "rewards_accuracies", "03": "reward", "04": "pass_rate", "05": "reward",
                     "06": "accuracy"}
