@@ -21,6 +21,7 @@ import json
 import os
 import queue
 import shutil
+import signal
 import subprocess
 import sys
 import threading
@@ -224,17 +225,29 @@ class _WarmStarter:
         self._server.stdin.write((json.dumps(request) + "\n").encode())
         self._server.stdin.flush()
         try:
-            deadline = time.time() + 60
+            # The first request waits for the server to import torch: generous on a loaded machine.
+            deadline = time.time() + 300
             while True:
                 try:
                     pid = self._started[request_id].get(timeout=0.5)
                     break
                 except queue.Empty:
-                    if not self.alive() or time.time() > deadline:
-                        raise OSError("the warm start server did not answer") from None
+                    if not self.alive():
+                        raise OSError("the warm start server exited") from None
+                    if time.time() > deadline:
+                        self.close()  # a late fork must not start a second copy of this host
+                        raise OSError("the warm start server did not answer in 300 s") from None
         finally:
             del self._started[request_id]
         return WarmHostProcess(self, pid, output)
+
+    def close(self) -> None:
+        """Stop the server (and whatever it forked that is still in its process group)."""
+        try:
+            os.killpg(self._server.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self._server.wait()
 
     def exit_code(self, pid: int) -> int | None:
         with self._lock:

@@ -48,3 +48,15 @@ def test_auto_mode_without_credentials_is_local_and_says_so(no_aws_credentials, 
 def test_unknown_run_mode():
     with pytest.raises(ValueError, match="run_mode must be one of"):
         make_session(run_mode="docker")
+
+
+def test_warm_start_server_can_be_closed_with_what_it_forked():
+    """A server that stopped answering is closed before a plain process replaces it, so a late fork
+    cannot start a second copy of the host."""
+    from helpers.local_mode import hosts
+
+    starter = hosts._WarmStarter()
+    assert starter.alive()
+    starter.close()
+    assert not starter.alive()
+    starter.close()  # closing twice is harmless
