@@ -3,7 +3,8 @@
 Roles (torchrun, gloo process group):
   rank 0       the learner: the GRPO loop of ``grpo.py`` (``grpo.train``) on this process alone
                (a single-learner context); its environment (``environments/code.py``) sends every
-               step's programs and tests to the judges and waits for their verdicts;
+               step's programs and tests to the judges and waits for their verdicts, whose rates
+               (``accepted_rate``, ..., ``pass_rate``, ``judge_time``) join the step's metric line;
   ranks 1..N   judges: each runs a sandbox (``sandbox/``) with ``--judge_workers`` fork servers,
                receives its share of the programs, judges them, sends verdicts and rewards back.
 With one process, rank 0 judges in its own sandbox.
@@ -25,14 +26,13 @@ Run by hand (CPU, tiny model, 1 learner + 1 judge):
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 from datetime import timedelta
 
 import grpo
 import torch.distributed as dist
-from common import checkpoints, contract, distributed, metrics
+from common import contract, distributed
 from common.contract import UserError
 from environments.code import CodeEnvironment, local_judge
 from sandbox import Limits, Sandbox, SandboxEscape, run_selftest
@@ -148,31 +148,6 @@ def serve_as_judge(sandbox: Sandbox) -> None:
         dist.gather_object(answer, None, dst=0)
 
 
-def latest_checkpoint_step(args) -> int:
-    """The step a resumed run starts after (0 for a fresh run), to number the verdict lines."""
-    checkpointer = checkpoints.Checkpointer(args.checkpoint_dir or contract.default_checkpoint_dir(),
-                                            distributed.single_learner("cpu"))
-    done = checkpointer.complete_checkpoints()
-    return json.loads((done[-1] / "manifest.json").read_text())["step"] if done else 0
-
-
-def verdict_logger(args):
-    """Print each step's verdict rates as a metric line and add them to metrics.jsonl."""
-    state = {"step": latest_checkpoint_step(args)}
-    path = contract.output_data_dir() / "metrics.jsonl"
-
-    def log_verdicts(stats: dict) -> None:
-        state["step"] += 1
-        step = state["step"]
-        if step % args.log_every and step != args.max_steps:
-            return
-        print(metrics.format_metric_line(step, stats), flush=True)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with open(path, "a") as handle:
-            handle.write(json.dumps({"step": step, **stats}) + "\n")
-    return log_verdicts
-
-
 def main() -> None:
     args = build_parser().parse()
     world_size = int(os.environ.get("WORLD_SIZE", 1))
@@ -184,7 +159,7 @@ def main() -> None:
             reason = self_test(args, sandbox)
             if reason:
                 raise UserError("The sandbox is not safe on this machine, so code RL will not train.\n" + reason)
-            env = CodeEnvironment(local_judge(sandbox), args.reward_mode, args.max_tests, verdict_logger(args))
+            env = CodeEnvironment(local_judge(sandbox), args.reward_mode, args.max_tests)
             grpo.train(args, env, learner)
         return
 
@@ -194,7 +169,7 @@ def main() -> None:
         if rank == 0:
             agree_on_self_tests(None, world_size)
             judge = RemoteJudge(world_size)
-            env = CodeEnvironment(judge, args.reward_mode, args.max_tests, verdict_logger(args))
+            env = CodeEnvironment(judge, args.reward_mode, args.max_tests)
             try:
                 grpo.train(args, env, learner)
             finally:

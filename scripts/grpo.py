@@ -329,6 +329,18 @@ def pad_rows(rows: list[list[int]], value: int, left: bool, device) -> tuple[tor
     return torch.tensor(ids, device=device), torch.tensor(mask, device=device)
 
 
+def environment_metrics(env: Environment, learners: distributed.Learners) -> dict[str, float]:
+    """``env.step_metrics()`` (optional, see ``environments/__init__.py``) averaged over the learners.
+    Called every step on every learner, also between logging steps, so each call covers one step."""
+    if not hasattr(env, "step_metrics"):
+        return {}
+    own = env.step_metrics()
+    names = sorted(own)
+    totals = distributed.all_reduce_sum(torch.tensor([float(own[name]) for name in names], dtype=torch.float64),
+                                        learners).tolist()
+    return {name: total / learners.world_size for name, total in zip(names, totals, strict=True)}
+
+
 # --------------------------------------------------------------------------- the loop
 
 
@@ -492,6 +504,12 @@ def train(args, env: Environment, learners: distributed.Learners) -> bool:
             "reward_time": reward_time_total / learners.world_size,
             "train_time": train_total / learners.world_size,
         })
+        # The environment's own metrics (the code judge's verdict rates, ...) join the same record.
+        env_line = environment_metrics(env, learners)
+        if env_line.keys() & line.keys():
+            raise RuntimeError(f"{type(env).__name__}.step_metrics returned {sorted(env_line.keys() & line.keys())}, "
+                               "names the loop already logs; give them names of their own.")
+        line.update(env_line)
         if step % args.log_every == 0 or step == args.max_steps:
             logger.log(step, line, tokens=int(token_total))
 

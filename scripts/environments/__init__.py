@@ -20,6 +20,13 @@ methods is one:
         (added to the reward with weight ``--format_reward_weight``). Anything else (``"verdict"``,
         ``"extracted"``, ...) is kept for evaluation records.
 
+    step_metrics() -> dict[str, float]   (optional)
+        The environment's own statistics of the completions scored since the previous call, such as
+        the code judge's ``accepted_rate`` and ``judge_time``. The GRPO loop calls it once per step on
+        every learner, averages the values over the learners and adds them to the step's metric line
+        and ``metrics.jsonl`` record, so a step stays one record. Every learner must return the same
+        names, each matching ``[a-z0-9_]+`` and none that the loop logs itself (``reward``, ``loss``, ...).
+
 Environments are found by name through ``make_environment`` so that a script option such as
 ``--environment gsm8k`` selects one; modules are imported only when asked for, so an environment
 with heavy dependencies costs nothing to the others.

@@ -189,20 +189,21 @@ class CodeEnvironment:
     """Code problems judged in a sandbox (see ``environments/__init__.py`` for the protocol).
 
     ``judge(items, reward_mode)`` gets ``(problem, program)`` pairs and returns one dict per pair
-    with ``verdict``, ``reward``, ``passed``, ``total``. ``on_scored(stats)``, when given, receives
-    each ``score`` call's verdict rates (``accepted_rate``, ..., ``pass_rate``, ``judge_time``).
+    with ``verdict``, ``reward``, ``passed``, ``total``. ``step_metrics()`` gives the verdict rates
+    (``accepted_rate``, ..., ``pass_rate``) and ``judge_time`` of the completions scored since its
+    last call, which the GRPO loop adds to the step's metric record.
     """
 
     name = "code"
 
-    def __init__(self, judge: Judge | None = None, reward_mode: str = "fraction", max_tests: int = 0,
-                 on_scored: Callable[[dict], None] | None = None):
+    def __init__(self, judge: Judge | None = None, reward_mode: str = "fraction", max_tests: int = 0):
         if reward_mode not in ("fraction", "all_or_nothing"):
             raise ValueError(f"reward_mode must be 'fraction' or 'all_or_nothing', got {reward_mode!r}")
         self.judge = judge
         self.reward_mode = reward_mode
         self.max_tests = max_tests
-        self.on_scored = on_scored
+        self.scored: list[dict] = []  # verdict, passed, total of each completion since the last step_metrics()
+        self.judge_time = 0.0
 
     def load(self, path) -> list[dict]:
         rows = data.read_jsonl(path, [], check=normalize_problem)
@@ -241,9 +242,15 @@ class CodeEnvironment:
             result["correct"] = result["verdict"] == "accepted"
             result["format_reward"] = 0.0 if program is None else 1.0
             scores.append(result)
-        if self.on_scored is not None:
-            self.on_scored(verdict_stats(scores, time.perf_counter() - started))
+        self.scored += [{k: s[k] for k in ("verdict", "passed", "total")} for s in scores]
+        self.judge_time += time.perf_counter() - started
         return scores
+
+    def step_metrics(self) -> dict[str, float]:
+        """Verdict rates and judging time of the completions scored since the last call (see the protocol)."""
+        stats = verdict_stats(self.scored, self.judge_time)
+        self.scored, self.judge_time = [], 0.0
+        return stats
 
 
 def verdict_stats(scores: list[dict], judge_time: float) -> dict[str, float]:

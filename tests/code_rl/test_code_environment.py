@@ -120,8 +120,7 @@ def fenced(program):
 
 
 def test_score_verdicts_and_fraction_rewards(code_sandbox):
-    stats = []
-    env = CodeEnvironment(local_judge(code_sandbox), "fraction", on_scored=stats.append)
+    env = CodeEnvironment(local_judge(code_sandbox), "fraction")
     completions = [
         fenced("a, b = map(int, input().split())\nprint(a + b)\n"),
         fenced("a, b = map(int, input().split())\nprint(a + b if a != 5 else 1)\n"),   # 2 of 3
@@ -137,8 +136,12 @@ def test_score_verdicts_and_fraction_rewards(code_sandbox):
     assert [s["reward"] for s in scores[:4]] == [1.0, pytest.approx(2 / 3), 0.0, 0.0]
     assert scores[0]["correct"] and not scores[1]["correct"]
     assert [s["format_reward"] for s in scores[:3]] == [1.0, 1.0, 0.0]
-    assert stats[0]["accepted_rate"] == pytest.approx(2 / 6) and stats[0]["no_code_rate"] == pytest.approx(1 / 6)
-    assert stats[0]["time_limit_rate"] == pytest.approx(1 / 6)
+    stats = env.step_metrics()
+    assert stats["accepted_rate"] == pytest.approx(2 / 6) and stats["no_code_rate"] == pytest.approx(1 / 6)
+    assert stats["time_limit_rate"] == pytest.approx(1 / 6) and stats["judge_time"] > 0
+    # Each call covers the completions scored since the previous one: a second step starts afresh.
+    env.score([SUM_PROBLEM], [fenced("print(sum(map(int, input().split())))\n")])
+    assert env.step_metrics()["accepted_rate"] == 1.0
 
 
 def test_all_or_nothing_stops_at_the_first_failure(code_sandbox):

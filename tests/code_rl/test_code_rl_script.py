@@ -7,6 +7,7 @@ two processes (rank 0 learns, rank 1 judges) and as one process (rank 0 judges t
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -57,9 +58,28 @@ HYPERPARAMETERS = {"max_steps": 2, "prompts_per_step": 2, "num_generations": 2, 
                    "checkpoint_every": 0}
 
 
+def one_record_per_step(log: str, metrics_file: Path, steps: list[int]) -> list[dict]:
+    """The job printed one metric line per step and wrote one metrics.jsonl object per step, each with
+    GRPO's metrics and the judge's verdict rates together."""
+    lines = re.findall(r"^step=\d+ .*$", log, re.MULTILINE)
+    assert [int(line.split()[0][len("step="):]) for line in lines] == steps, lines
+    for line in lines:
+        assert " reward=" in line and " loss=" in line and " accepted_rate=" in line and " judge_time=" in line
+    records = [json.loads(line) for line in metrics_file.read_text().splitlines()]
+    assert [r["step"] for r in records] == steps
+    for record in records:
+        assert {"reward", "loss", "accepted_rate", "wrong_answer_rate", "no_code_rate", "pass_rate",
+                "judge_time"} <= set(record)
+        assert abs(sum(v for k, v in record.items() if k.endswith("_rate")) - 1.0) < 1e-9  # verdict shares
+    return records
+
+
 @pytest.mark.parametrize("processes", [2, 1])
 def test_code_rl_trains_with_judges(tmp_path, offline_data, tiny_model_path, processes):
-    env = container_env(tmp_path, {"train": offline_data["code"], "model": tiny_model_path}, HYPERPARAMETERS)
+    hyperparameters = dict(HYPERPARAMETERS)
+    if processes == 1:  # also resumed: 3 steps with a checkpoint after step 2 only
+        hyperparameters.update(max_steps=3, checkpoint_every=2)
+    env = container_env(tmp_path, {"train": offline_data["code"], "model": tiny_model_path}, hyperparameters)
     if processes == 1:
         command = [sys.executable, "code_rl.py"]
     else:
@@ -72,14 +92,22 @@ def test_code_rl_trains_with_judges(tmp_path, offline_data, tiny_model_path, pro
     assert "sandbox self-test passed" in log and "seccomp=" in log and "landlock=" in log
     if processes == 2:
         assert "judge: " in log and "stopping" in log  # rank 1 was told to stop at the end
-    for step in (1, 2):
-        assert f"step={step} accepted_rate=" in log and f"step={step} reward=" in log
-    records = [json.loads(line) for line in (tmp_path / "output" / "data" / "metrics.jsonl").read_text().splitlines()]
-    verdicts = [r for r in records if "accepted_rate" in r]
-    assert [r["step"] for r in verdicts] == [1, 2]
-    assert all(abs(sum(v for k, v in r.items() if k.endswith("_rate")) - 1.0) < 1e-9 for r in verdicts)
+    metrics_file = tmp_path / "output" / "data" / "metrics.jsonl"
+    steps = list(range(1, hyperparameters["max_steps"] + 1))
+    first_run = one_record_per_step(log, metrics_file, steps)
     assert (tmp_path / "model" / "config.json").is_file()
     assert not (tmp_path / "output" / "failure").exists()
+    if processes == 2:
+        return
+    # As after a spot interruption that came after step 3 was logged but before it was checkpointed:
+    # the restarted job redoes step 3 only, and metrics.jsonl still holds one record per step.
+    done = run(command, env)
+    assert done.returncode == 0, done.stdout[-4000:]
+    resumed = re.findall(r"^step=\d+ .*$", done.stdout, re.MULTILINE)
+    assert [line.split()[0] for line in resumed] == ["step=3"], resumed
+    records = [json.loads(line) for line in metrics_file.read_text().splitlines()]
+    assert [r["step"] for r in records] == steps
+    assert records[:2] == first_run[:2] and "accepted_rate" in records[2] and "loss" in records[2]
 
 
 JOB = Path(__file__).with_name("remote_judge_job.py")
