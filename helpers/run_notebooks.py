@@ -31,7 +31,7 @@ NOTEBOOK_DIR = REPO / "notebooks"
 CI_COMMON = {"run_mode": "local"}
 CI_PARAMETERS = {
     "00": {"model_id": "tiny", "data_source": "offline", "n_train": 32, "n_test": 8},
-    "01": {"max_steps": 2, "batch_size": 2, "per_device_batch_size": 1, "max_length": 128},
+    "01": {"max_steps": 24, "batch_size": 2, "per_device_batch_size": 1, "max_length": 128, "learning_rate": 2e-3},
     "02": {"max_steps": 2, "batch_size": 2, "per_device_batch_size": 1, "max_prompt_length": 64, "max_length": 128},
     "03": {"max_steps": 2, "batch_size": 2, "num_generations": 4, "micro_batch_size": 4, "max_new_tokens": 16},
     "04": {"max_steps": 2, "batch_size": 2, "num_generations": 2, "micro_batch_size": 4, "max_new_tokens": 32},
