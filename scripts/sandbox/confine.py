@@ -376,14 +376,11 @@ def import_through_views(views: dict[str, int]) -> None:
     sys.path_importer_cache.clear()  # the server's finders look at the paths themselves
 
 
-def private_folder(path: str) -> str:
-    """The first folder on the way to ``path`` that other users cannot enter (``path`` if none)."""
+def private_folders(path: str) -> list[str]:
+    """The folders on the way to ``path`` that other users cannot enter."""
     parts = os.path.abspath(path).split(os.sep)
-    for i in range(2, len(parts) + 1):
-        folder = os.sep.join(parts[:i])
-        if os.path.isdir(folder) and not os.stat(folder).st_mode & 0o001:
-            return folder
-    return path
+    folders = [os.sep.join(parts[:i]) for i in range(2, len(parts) + 1)]
+    return [f for f in folders if os.path.isdir(f) and not os.stat(f).st_mode & 0o001]
 
 
 # --------------------------------------------------------------------------- probes

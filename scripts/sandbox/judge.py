@@ -153,14 +153,18 @@ def stdlib_modules_needed_by(packages: tuple[str, ...], env: dict) -> list[str]:
 
 def layout_problem(uid: int, hidden: list[str], unreadable: list[str], landlock: bool) -> str | None:
     """One line saying which folders the worker uid cannot read and the command that fixes it."""
+    # A folder covers what lies beneath it (numpy/ and numpy/__init__.py: one fix).
+    unreadable = [path for path in unreadable
+                  if not any(path.startswith(other.rstrip(os.sep) + os.sep) for other in unreadable)]
     if not unreadable:
         return None
     if not landlock:  # no Landlock: hidden folders stay hidden rather than open to a climb through ``..``
-        private = sorted({confine.private_folder(path) for path in unreadable if path in hidden})
+        unreached = [path for path in unreadable if path in hidden]
+        private = sorted({folder for path in unreached for folder in confine.private_folders(path)})
         if private:
-            return (f"sandbox uid {uid} cannot reach {', '.join(sorted(set(unreadable) & set(hidden)))}: "
-                    f"{', '.join(private)} is private and this kernel has no Landlock to confine a view into it; "
-                    f"fix: chmod o+x {' '.join(map(shlex.quote, private))} (or use a kernel with Landlock)")
+            return (f"sandbox uid {uid} cannot reach {', '.join(unreached)}: a folder above is private, and "
+                    f"without Landlock the sandbox opens no view into it; "
+                    f"fix: chmod o+x {' '.join(map(shlex.quote, private))} (or turn Landlock on)")
     return (f"sandbox uid {uid} cannot read {', '.join(unreadable)}, so judged programs cannot import "
             f"from there; fix: chmod -R o+rX {' '.join(map(shlex.quote, unreadable))}")
 
