@@ -4,7 +4,9 @@ Each layer stands on its own so that one missing layer never opens the sandbox b
 
 - ``rlimits``   CPU seconds, address space, output file size, open files, processes, no core files.
 - ``uid``       when started as root: a per-worker unprivileged uid (file permissions apply, the
-                program cannot signal or trace anything else, RLIMIT_NPROC applies again).
+                program cannot signal or trace anything else, RLIMIT_NPROC applies again). Import
+                folders the uid cannot reach (a runtime under /root or ``mktemp -d``) are read
+                through views (``open_views``), under Landlock only; see README.md.
 - ``landlock``  (Linux 5.13+) reads only from the Python installation and the system libraries,
                 writes only in the private working directory, no TCP (ABI 4+), no signals or
                 abstract unix sockets outside the sandbox (ABI 6+).

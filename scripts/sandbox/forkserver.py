@@ -21,8 +21,9 @@ What a child inherits from the server, and why each is harmless:
 - Module state: preloaded modules are copies; a program changing them changes only its own copy.
   ``random`` is reseeded from the OS in every child, so tests do not share a random sequence; the
   str hash seed is per worker (fixed when the server started), not per test.
-- Descriptors: only 0-3 survive; the server's request and answer pipes are closed, so a program
-  cannot forge an answer.
+- Descriptors: only 0-3 survive, and the views (``O_PATH`` descriptors on import folders the worker
+  uid cannot reach, opened only under Landlock; imports go through ``/proc/self/fd/N``). The
+  server's request and answer pipes are closed, so a program cannot forge an answer.
 - Environment: the server's own (no credentials) plus HOME and TMPDIR set to the working directory.
 - Signal handlers are reset to the defaults (SIGXFSZ kills, as it does for a C program).
 - The working directory is the worker's own, the same path every test, emptied after each one.
@@ -58,8 +59,7 @@ del sys.path[0]  # the program must not find the sandbox's own sources on its pa
 
 EXIT_MEMORY = 120        # the program raised MemoryError
 EXIT_SETUP_FAILED = 121  # a confinement layer failed to apply: the test is not run
-# Imported once by the server so that a test finds them ready (and, where the interpreter's own
-# files are not readable by the worker uid, at all).
+# Imported once by the server so that a test finds them ready instead of reading them again.
 PRELOAD = ["abc", "array", "base64", "bisect", "calendar", "cmath", "collections", "collections.abc",
            "contextlib", "copy", "dataclasses", "datetime", "decimal", "enum", "fractions", "functools",
            "hashlib", "heapq", "io", "itertools", "json", "math", "numbers", "operator", "queue", "random",
