@@ -16,13 +16,6 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-# The real sets, by name (loaded where there is a network).
-HUB_SETS = {
-    "gsm8k": "openai/gsm8k (config 'main')",
-    "preferences": "Intel/orca_dpo_pairs (question/chosen/rejected)",
-    "chat": "HuggingFaceH4/ultrachat_200k (train_sft/test_sft, messages)",
-    "code": "deepmind/code_contests (stdin/stdout tests)",
-}
 TINY_MODEL = "tiny"  # model_id meaning helpers.tiny_model.tiny_model_dir()
 
 

@@ -177,7 +177,7 @@ def watch(session, job_name: str, max_steps: int | None = None, *, poll_seconds:
             log_lines.append(message)
             record = parse_metric_line(message)
             if record is not None:
-                # a step may come in two lines, and a resumed job logs some steps again: merge, latest wins
+                # a resumed job logs some steps again: merge, latest wins
                 by_step.setdefault(record["step"], {}).update(record)
         records = [by_step[s] for s in sorted(by_step)]
         view.update(description, records, log_lines)

@@ -2,7 +2,7 @@
 
 Rank 0 of every script prints one line per logging step::
 
-    step=12 loss=0.4312 learning_rate=1.2e-05
+    step=12 loss=0.4312 lr=1.2e-05
 
 and appends the same record to ``$SM_OUTPUT_DATA_DIR/metrics.jsonl``, which SageMaker
 packs into ``output.tar.gz`` next to the model. This module turns both back into records
@@ -18,6 +18,8 @@ import json
 import math
 import re
 import tarfile
+
+from helpers.artifacts import split_s3
 
 # A float as the scripts print it (0.4312, -3, 1.2e-05); the same pattern SageMaker's
 # metric_definitions use, so the notebook and the console agree.
@@ -40,10 +42,6 @@ def parse_metric_line(line: str) -> dict | None:
     return record
 
 
-def parse_metric_lines(lines) -> list[dict]:
-    return [record for record in map(parse_metric_line, lines) if record is not None]
-
-
 def metric_definitions(*names: str) -> list[dict]:
     """SageMaker ``metric_definitions`` for metric names, e.g. ``metric_definitions("loss", "reward")``."""
     for name in names:
@@ -53,9 +51,8 @@ def metric_definitions(*names: str) -> list[dict]:
 
 
 def merge_by_step(records: list[dict]) -> list[dict]:
-    """One record per step, in step order: records of the same step are merged (a script may log
-    a step's metrics in two lines, e.g. code RL's verdict rates), later values winning (a job
-    resumed after an interruption logs some steps again)."""
+    """One record per step, in step order: records of the same step are merged, later values
+    winning (a job resumed after an interruption logs some steps again)."""
     by_step: dict[int, dict] = {}
     for record in records:
         by_step.setdefault(record["step"], {}).update(record)
@@ -76,13 +73,6 @@ def all_finite(records: list[dict]) -> bool:
 
 # --------------------------------------------------------------------------- from S3
 
-def _split_s3(uri: str) -> tuple[str, str]:
-    if not uri.startswith("s3://"):
-        raise ValueError(f"Not an S3 URI: {uri!r}")
-    bucket, _, key = uri[len("s3://"):].partition("/")
-    return bucket, key
-
-
 def job_output_uri(description: dict) -> str:
     """S3 URI of a job's ``output.tar.gz`` (it sits next to ``model.tar.gz``)."""
     output_path = description["OutputDataConfig"]["S3OutputPath"].rstrip("/")
@@ -91,7 +81,7 @@ def job_output_uri(description: dict) -> str:
 
 def read_tar_member(session, uri: str, member_name: str) -> bytes | None:
     """One file from a ``.tar.gz`` in S3 (None if the archive has no such file)."""
-    bucket, key = _split_s3(uri)
+    bucket, key = split_s3(uri)
     body = session.boto_session.client("s3", region_name=session.boto_region_name).get_object(
         Bucket=bucket, Key=key)["Body"].read()
     with tarfile.open(fileobj=io.BytesIO(body), mode="r:gz") as archive:

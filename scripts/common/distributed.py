@@ -6,7 +6,7 @@
 
 API:
     Learners                    rank, world_size, local_rank, device, is_main (+ helpers below)
-    setup(seed=None)            read torchrun's variables, set EFA settings, start the process group
+    setup()                     read torchrun's variables, set EFA settings, start the process group
                                 (NCCL on GPUs, gloo on CPU), pick the device -> Learners
     single_learner(device=None) a one-process ``Learners`` (code_rl trains on rank 0 only)
     wrap_model(model, learners, strategy, activation_checkpointing=True)
@@ -15,7 +15,7 @@ API:
                                 bf16 compute / fp32 reduction on GPU
     unwrap(model)               the module underneath DDP (FSDP2 modules are their own)
     is_fsdp(model)              whether the model is sharded with FSDP2 (``--strategy fsdp``)
-    gradient_sync(model, on)    context: skip DDP's gradient all-reduce on accumulation micro-steps
+    gradient_sync(model, enabled) context: skip DDP's gradient all-reduce on accumulation micro-steps
     autocast(learners)          bf16 autocast on GPU, nothing on CPU
     clip_grad_norm(model, max_norm) -> float   the norm before clipping (DDP and FSDP2 alike)
     all_reduce_sum(value, learners), any_flag(flag, learners), barrier(learners), teardown()

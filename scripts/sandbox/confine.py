@@ -4,7 +4,9 @@ Each layer stands on its own so that one missing layer never opens the sandbox b
 
 - ``rlimits``   CPU seconds, address space, output file size, open files, processes, no core files.
 - ``uid``       when started as root: a per-worker unprivileged uid (file permissions apply, the
-                program cannot signal or trace anything else, RLIMIT_NPROC applies again).
+                program cannot signal or trace anything else, RLIMIT_NPROC applies again). Import
+                folders the uid cannot reach (a runtime under /root or ``mktemp -d``) are read
+                through views (``open_views``), under Landlock only; see README.md.
 - ``landlock``  (Linux 5.13+) reads only from the Python installation and the system libraries,
                 writes only in the private working directory, no TCP (ABI 4+), no signals or
                 abstract unix sockets outside the sandbox (ABI 6+).
@@ -32,6 +34,8 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import errno
+import fcntl
+import json
 import os
 import resource
 import sys
@@ -285,27 +289,110 @@ def load_seccomp_program(program: bytes, offsets: list[int], own_pid: int) -> No
         raise OSError(ctypes.get_errno(), "seccomp(SECCOMP_SET_MODE_FILTER) failed")
 
 
+# --------------------------------------------------------------------------- views
+
+# Where a fork server keeps its views (below RLIMIT_NOFILE's 64, above the child's 0-3).
+VIEW_FD_BASE = 10
+
+
+def _readable(path: str) -> bool:
+    try:
+        if os.path.isdir(path):
+            os.listdir(path)
+        else:
+            os.close(os.open(path, os.O_RDONLY | os.O_CLOEXEC))
+        return True
+    except OSError:
+        return False
+
+
+def view_path(views: dict[str, int], path: str) -> str:
+    """``path`` as seen through the view of the folder holding it (``/proc/self/fd/N/...``)."""
+    for root, fd in sorted(views.items(), key=lambda item: len(item[0]), reverse=True):
+        if path == root or path.startswith(root.rstrip(os.sep) + os.sep):
+            return f"/proc/self/fd/{fd}{path[len(root):]}"
+    return path
+
+
+def open_views(uid: int, roots: list[str], must_read: list[str]) -> tuple[dict[str, int], list[str]]:
+    """Views of the ``roots`` that ``uid`` cannot reach, and what it cannot read even through them.
+
+    A view is a descriptor on the folder, opened here as root. ``/proc/self/fd/N`` starts a path
+    lookup at that folder, so the folders above it are not searched (a private home, a
+    ``mktemp -d`` folder), while every file below keeps its own mode. A child that becomes ``uid``
+    checks each root by its path and ``must_read`` (roots and package files) through the views:
+    the truth for this uid, not a guess from mode bits.
+    """
+    fds = {}
+    for root in roots:
+        fd = os.open(root, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+        fds[root] = fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, VIEW_FD_BASE)
+        os.close(fd)
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            os.close(read_end)
+            drop_to_uid(uid)
+            hidden = [root for root in roots if not _readable(root)]
+            views = {root: fds[root] for root in hidden}
+            unreadable = [path for path in must_read if not _readable(view_path(views, path))]
+            os.write(write_end, json.dumps([hidden, unreadable]).encode())
+            code = 0
+        finally:
+            os._exit(code)
+    os.close(write_end)
+    answer = b""
+    while chunk := os.read(read_end, 1 << 16):
+        answer += chunk
+    os.close(read_end)
+    os.waitpid(pid, 0)
+    if not answer:
+        raise OSError(f"could not check what uid {uid} can read (the checking child failed)")
+    hidden, unreadable = json.loads(answer)
+    for root, fd in fds.items():
+        if root not in hidden:
+            os.close(fd)
+    return {root: fds[root] for root in hidden}, unreadable
+
+
+def import_through_views(views: dict[str, int]) -> None:
+    """In the child: imports from a viewed folder (sys.path, a package's __path__) go through its view."""
+    if not views:
+        return
+    hooks = list(sys.path_hooks)
+
+    def through_view(path: str):
+        seen = view_path(views, path)
+        if seen == path:
+            raise ImportError(f"{path} is read directly")  # the next hook takes it
+        for hook in hooks:
+            try:
+                return hook(seen)
+            except ImportError:
+                continue
+        raise ImportError(f"no importer for {seen}")
+
+    sys.path_hooks.insert(0, through_view)
+    sys.path_importer_cache.clear()  # the server's finders look at the paths themselves
+
+
+def private_folders(path: str) -> list[str]:
+    """The folders on the way to ``path`` that other users cannot enter."""
+    parts = os.path.abspath(path).split(os.sep)
+    folders = [os.sep.join(parts[:i]) for i in range(2, len(parts) + 1)]
+    return [f for f in folders if os.path.isdir(f) and not os.stat(f).st_mode & 0o001]
+
+
 # --------------------------------------------------------------------------- probes
-
-def _world_readable(path: str) -> bool:
-    """Whether every directory on the way to ``path`` lets other users through."""
-    parts = os.path.realpath(path).split(os.sep)
-    for i in range(2, len(parts) + 1):
-        mode = os.stat(os.sep.join(parts[:i]) or os.sep).st_mode
-        if not mode & 0o001 and os.path.isdir(os.sep.join(parts[:i])):
-            return False
-    return True
-
 
 def probe_layers(uid: int | None) -> dict[str, tuple[bool, str]]:
     """Which layers this machine offers: {layer: (available, detail)}. Starts no process."""
     layers: dict[str, tuple[bool, str]] = {}
     layers["rlimits"] = (True, "cpu, address space, file size, open files, core=0")
     if os.geteuid() == 0 and uid is not None:
-        hidden = [p for p in runtime_read_paths() if not _world_readable(p)]
-        note = (f"; {', '.join(hidden)} not readable by other users: programs import only what the "
-                f"fork server preloads from there") if hidden else ""
-        layers["uid"] = (True, f"root drops to per-worker uids from {uid}{note}")
+        layers["uid"] = (True, f"root drops to per-worker uids from {uid}")
     else:
         layers["uid"] = (False, "not root: programs keep the trainer's uid (file permissions of "
                                 "that uid apply; signals and ptrace rest on seccomp/landlock)")

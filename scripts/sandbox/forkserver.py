@@ -21,8 +21,9 @@ What a child inherits from the server, and why each is harmless:
 - Module state: preloaded modules are copies; a program changing them changes only its own copy.
   ``random`` is reseeded from the OS in every child, so tests do not share a random sequence; the
   str hash seed is per worker (fixed when the server started), not per test.
-- Descriptors: only 0-3 survive; the server's request and answer pipes are closed, so a program
-  cannot forge an answer.
+- Descriptors: only 0-3 survive, and the views (``O_PATH`` descriptors on import folders the worker
+  uid cannot reach, opened only under Landlock; imports go through ``/proc/self/fd/N``). The
+  server's request and answer pipes are closed, so a program cannot forge an answer.
 - Environment: the server's own (no credentials) plus HOME and TMPDIR set to the working directory.
 - Signal handlers are reset to the defaults (SIGXFSZ kills, as it does for a C program).
 - The working directory is the worker's own, the same path every test, emptied after each one.
@@ -41,6 +42,7 @@ whose lengths the header gives (answers only: stdout, stderr, result). No pickle
 from __future__ import annotations
 
 import gc
+import importlib.util
 import json
 import os
 import select
@@ -57,8 +59,7 @@ del sys.path[0]  # the program must not find the sandbox's own sources on its pa
 
 EXIT_MEMORY = 120        # the program raised MemoryError
 EXIT_SETUP_FAILED = 121  # a confinement layer failed to apply: the test is not run
-# Imported once by the server so that a test finds them ready (and, where the interpreter's own
-# files are not readable by the worker uid, at all).
+# Imported once by the server so that a test finds them ready instead of reading them again.
 PRELOAD = ["abc", "array", "base64", "bisect", "calendar", "cmath", "collections", "collections.abc",
            "contextlib", "copy", "dataclasses", "datetime", "decimal", "enum", "fractions", "functools",
            "hashlib", "heapq", "io", "itertools", "json", "math", "numbers", "operator", "queue", "random",
@@ -103,7 +104,7 @@ def _vm_size_bytes() -> int:
 
 
 def _confine_child(request: dict, config: dict, files: list[int], confined_fd: int, landlock_fd: int | None,
-                   seccomp_bpf: bytes | None, interpreter_bytes: int) -> None:
+                   seccomp_bpf: bytes | None, interpreter_bytes: int, views: dict[str, int]) -> None:
     os.setsid()
     for number in (signal.SIGINT, signal.SIGTERM, signal.SIGPIPE, signal.SIGXFSZ, signal.SIGCHLD):
         signal.signal(number, signal.SIG_DFL)
@@ -112,8 +113,11 @@ def _confine_child(request: dict, config: dict, files: list[int], confined_fd: i
         confine.landlock_enforce(landlock_fd)
     for target, fd in enumerate(files):
         os.dup2(fd, target)
-    os.closerange(len(files), confined_fd)
-    os.closerange(confined_fd + 1, 1 << 16)
+    start = len(files)
+    for keep in sorted({confined_fd, *views.values()}):
+        os.closerange(start, keep)
+        start = keep + 1
+    os.closerange(start, 1 << 16)
     workdir = config["workdir"]
     os.chdir(workdir)
     os.umask(0o077)
@@ -128,6 +132,7 @@ def _confine_child(request: dict, config: dict, files: list[int], confined_fd: i
         processes=config["max_threads"] if uid is not None else None)
     if uid is not None:
         confine.drop_to_uid(uid)
+        confine.import_through_views(views)
     confine.set_parent_death_signal(signal.SIGKILL)  # after setuid, which clears it
     confine.set_not_dumpable()
     if seccomp_bpf is not None:
@@ -304,8 +309,8 @@ def _empty(directory: str) -> None:
             os.unlink(entry.path)
 
 
-def run_test(request: dict, config: dict, landlock_fd: int | None,
-             seccomp_bpf: bytes | None) -> tuple[dict, bytes, bytes, bytes]:
+def run_test(request: dict, config: dict, landlock_fd: int | None, seccomp_bpf: bytes | None,
+             views: dict[str, int]) -> tuple[dict, bytes, bytes, bytes]:
     files = [os.memfd_create(name, os.MFD_CLOEXEC) for name in ("stdin", "stdout", "stderr", "result")]
     try:
         write_all(files[0], request["input"].encode())
@@ -319,7 +324,7 @@ def run_test(request: dict, config: dict, landlock_fd: int | None,
             try:
                 try:
                     _confine_child(request, config, files, confined_write, landlock_fd, seccomp_bpf,
-                                   interpreter_bytes)
+                                   interpreter_bytes, views)
                 except BaseException as exc:
                     import traceback
                     os.write(2, f"sandbox set-up failed: {exc!r}\n{traceback.format_exc()}".encode())
@@ -355,6 +360,31 @@ def run_test(request: dict, config: dict, landlock_fd: int | None,
         _empty(config["workdir"])  # the next test starts in an empty directory
 
 
+def _runtime_views(config: dict, landlock: bool) -> tuple[dict[str, int], list[str], list[str]]:
+    """Views for the import folders the worker uid cannot reach; what it still cannot read.
+
+    Returns (views, hidden roots, unreadable paths). A view lets the program climb with ``..`` to
+    the folders above it, so views are opened only under Landlock, which confines every read to the
+    runtime; without it a hidden root stays hidden and is reported instead.
+    """
+    if config["uid"] is None:
+        return {}, [], []
+    roots = [path for path in dict.fromkeys(sys.path) if path and os.path.isdir(path)]
+    must_read = list(roots)
+    for name in config["packages"]:  # the allowed packages: their folder and first file
+        spec = importlib.util.find_spec(name)
+        if spec is not None:
+            must_read += [*(spec.submodule_search_locations or []), *([spec.origin] if spec.has_location else [])]
+    views, unreadable = confine.open_views(config["uid"], roots, must_read)
+    hidden = sorted(views)
+    if not landlock:
+        for fd in views.values():
+            os.close(fd)
+        views = {}
+        unreadable = sorted(set(unreadable) | set(hidden))
+    return views, hidden, unreadable
+
+
 def main() -> None:
     config = json.loads(sys.argv[1])
     confine.set_parent_death_signal(signal.SIGKILL)  # never outlive the judge that started us
@@ -382,6 +412,7 @@ def main() -> None:
             config["pid_offsets"] = confine.placeholder_offsets(seccomp_bpf)
     if config["landlock_abi"]:
         landlock_fd = confine.landlock_ruleset(config["landlock_abi"], read_paths, config["workdir"])
+    views, hidden, unreadable = _runtime_views(config, landlock_fd is not None)
     requests, answers = 0, 1
     # Hand the pipes to high descriptors so that the child's dup2 onto 0-3 never needs them.
     requests, answers = os.dup(requests), os.dup(answers)
@@ -393,7 +424,8 @@ def main() -> None:
     gc.freeze()  # the collector in a child then leaves the server's objects (and their pages) alone
     write_frame(answers, {"ready": True, "pid": os.getpid(), "subreaper": config["subreaper"],
                           "seccomp": seccomp_bpf is not None, "landlock": landlock_fd is not None,
-                          "problems": problems, "preloaded": sorted(set(PRELOAD) & set(sys.modules))})
+                          "problems": problems, "preloaded": sorted(set(PRELOAD) & set(sys.modules)),
+                          "views": sorted(views), "hidden": hidden, "unreadable": unreadable})
     while True:
         try:
             request = read_frame(requests)
@@ -401,7 +433,7 @@ def main() -> None:
             return
         if request.get("stop"):
             return
-        header, stdout, stderr, result = run_test(request, config, landlock_fd, seccomp_bpf)
+        header, stdout, stderr, result = run_test(request, config, landlock_fd, seccomp_bpf, views)
         header.update(stdout_len=len(stdout), stderr_len=len(stderr), result_len=len(result))
         write_frame(answers, header, stdout, stderr, result)
 

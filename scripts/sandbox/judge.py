@@ -26,6 +26,7 @@ import json
 import os
 import queue
 import select
+import shlex
 import shutil
 import signal
 import subprocess
@@ -143,12 +144,29 @@ print(json.dumps(sorted(n for n, m in list(sys.modules.items()) if n not in befo
 def stdlib_modules_needed_by(packages: tuple[str, ...], env: dict) -> list[str]:
     """The standard-library modules that importing ``packages`` pulls in (found in a subprocess).
 
-    The fork server preloads them: where the interpreter's own files are not readable by the
-    worker uid (a Python under /root), a program can still import numpy and what it needs.
+    The fork server preloads them, so a test importing numpy only reads numpy's own files.
     """
     done = subprocess.run([sys.executable, "-I", "-B", "-c", _CLOSURE_SCRIPT, *packages], env=env,
                           capture_output=True, text=True, timeout=120)
     return json.loads(done.stdout) if done.returncode == 0 else []
+
+
+def layout_problem(uid: int, hidden: list[str], unreadable: list[str], landlock: bool) -> str | None:
+    """One line saying which folders the worker uid cannot read and the command that fixes it."""
+    # A folder covers what lies beneath it (numpy/ and numpy/__init__.py: one fix).
+    unreadable = [path for path in unreadable
+                  if not any(path.startswith(other.rstrip(os.sep) + os.sep) for other in unreadable)]
+    if not unreadable:
+        return None
+    if not landlock:  # no Landlock: hidden folders stay hidden rather than open to a climb through ``..``
+        unreached = [path for path in unreadable if path in hidden]
+        private = sorted({folder for path in unreached for folder in confine.private_folders(path)})
+        if private:
+            return (f"sandbox uid {uid} cannot reach {', '.join(unreached)}: a folder above is private, and "
+                    f"without Landlock the sandbox opens no view into it; "
+                    f"fix: chmod o+x {' '.join(map(shlex.quote, private))} (or turn Landlock on)")
+    return (f"sandbox uid {uid} cannot read {', '.join(unreadable)}, so judged programs cannot import "
+            f"from there; fix: chmod -R o+rX {' '.join(map(shlex.quote, unreadable))}")
 
 
 def _write_frame(fd: int, header: dict) -> None:
@@ -176,10 +194,11 @@ class Worker:
     """One fork server process and the pipes to it."""
 
     def __init__(self, index: int, uid: int | None, workdir: str, use_seccomp: bool, use_landlock: bool,
-                 preload: list[str]):
+                 preload: list[str], packages: tuple[str, ...]):
         self.index, self.uid, self.workdir = index, uid, workdir
         self.config = {"uid": uid, "workdir": workdir, "max_threads": 64, "seccomp": use_seccomp,
-                       "landlock_abi": confine.landlock_abi() if use_landlock else 0, "preload": preload}
+                       "landlock_abi": confine.landlock_abi() if use_landlock else 0, "preload": preload,
+                       "packages": list(packages)}
         self.process: subprocess.Popen | None = None
         self.ready: dict = {}
 
@@ -259,6 +278,8 @@ class Sandbox:
         self._pool: ThreadPoolExecutor | None = None
         self._root = ""
         self._lock = threading.Lock()
+        # One line when the worker uids cannot read the interpreter or an allowed package, with the fix.
+        self.layout_problem: str | None = None
 
     # ------------------------------------------------------------------ life cycle
     def start(self) -> Sandbox:
@@ -273,7 +294,7 @@ class Sandbox:
                                            self._workers[-1].uid + 1)
                     self._uid_locks.append(lock)
                 worker = Worker(index, uid, os.path.join(self._root, f"w{index}"),
-                                self._use["seccomp"], self._use["landlock"], preload)
+                                self._use["seccomp"], self._use["landlock"], preload, self._preload_packages)
                 worker.start()
                 self._workers.append(worker)
                 self._idle.put(worker)
@@ -286,6 +307,14 @@ class Sandbox:
             if self._use[layer] and not all(w.ready[layer] for w in self._workers):
                 problems = "; ".join(p for w in self._workers for p in w.ready["problems"])
                 self.layers[layer] = (False, f"the fork server could not set it up: {problems}")
+        if self._use["uid"]:
+            first = self._workers[0].ready
+            if first["views"]:
+                on, detail = self.layers["uid"]
+                self.layers["uid"] = (on, f"{detail}; {', '.join(first['views'])} hidden from other users: "
+                                          f"read through views, confined by Landlock")
+            self.layout_problem = layout_problem(self._workers[0].uid, first["hidden"], first["unreadable"],
+                                                 first["landlock"])
         self._pool = ThreadPoolExecutor(max_workers=self._n_workers, thread_name_prefix="sandbox")
         return self
 

@@ -107,6 +107,13 @@ LEGIT = [
         """), "", "50000"),
     ("read all of stdin", "import sys\nprint(sum(map(int, sys.stdin.read().split())))\n",
      " ".join(["1"] * 200000), "200000"),
+    # Modules no fork server preloads: read from the interpreter's and numpy's folders in the test.
+    ("the standard library and numpy.linalg", textwrap.dedent("""\
+        from graphlib import TopologicalSorter
+        import numpy.linalg
+        order = list(TopologicalSorter({"b": {"a"}, "c": {"b"}}).static_order())
+        print("".join(order), int(round(numpy.linalg.det(numpy.eye(3) * 2))))
+        """), "", "abc 8"),
 ]
 
 
@@ -144,6 +151,9 @@ def run_selftest(sandbox: Sandbox, log=print) -> list[tuple[str, str, bool]]:
     listener.setblocking(False)
     port = listener.getsockname()[1]
     results, failures = [], []
+    if sandbox.layout_problem:  # the cause, first: legitimate programs will fail for it
+        log(f"sandbox self-test: {sandbox.layout_problem}")
+        failures.append(sandbox.layout_problem)
     try:
         for attack in attacks(marker_dir, secret_file, port, os.getpid()):
             if not any(layers.get(layer) for layer in attack.layers):

@@ -15,6 +15,8 @@ import pytest
 from sandbox import Sandbox, SandboxEscape, run_selftest
 from sandbox.selftest import _leftover_processes
 
+pytestmark = pytest.mark.usefixtures("readable_runtime")  # one cause, said once, where workers cannot read
+
 ADD = "a, b = map(int, input().split())\nprint(a + b)\n"
 
 
