@@ -246,29 +246,36 @@ class Engine:
                                      f"{tuple(param.shape)}: create the session with the LoRA rank it was saved with.")
                 param.copy_(state[name])
 
-    def state_bytes(self, with_optimizer: bool) -> bytes:
-        with self.lock:
-            payload = {"adapter": self.adapter_state(), "step": self.step}
-            if with_optimizer:
-                payload["optimizer"] = self.optimizer.state_dict()
-            buffer = io.BytesIO()
-            torch.save(payload, buffer)
-            return buffer.getvalue()
+    def load_adapter_from_peft(self, state: dict[str, torch.Tensor]) -> None:
+        """Weights as ``save_pretrained`` wrote them (adapter_model.safetensors)."""
+        from peft import set_peft_model_state_dict
 
-    def load_state_bytes(self, data: bytes, with_optimizer: bool) -> None:
-        payload = torch.load(io.BytesIO(data), weights_only=True)
         with self.lock:
-            self.load_adapter(payload["adapter"])
+            result = set_peft_model_state_dict(self.model, state)
+            missing = [k for k in getattr(result, "missing_keys", []) if "lora_" in k]
+            if missing:
+                raise InputError(f"The saved adapter lacks {len(missing)} LoRA tensors (first: {missing[0]}): it was "
+                                 "saved from a session with another base model.")
+
+    def reset_optimizer(self) -> None:
+        with self.lock:
             self.optimizer = self._new_optimizer()
-            self.optimizer.zero_grad(set_to_none=True)
             for _, p in self.named_trainable:
                 p.grad = None
-            if with_optimizer:
-                if "optimizer" not in payload:
-                    raise InputError("This model package holds weights only (saveWeights); load it with "
-                                     "loadOptimizer false, or give a saveState checkpoint.")
-                self.optimizer.load_state_dict(payload["optimizer"])
-                self.step = payload["step"]
+            self.step = 0
+
+    def state_bytes(self, with_optimizer: bool = True) -> bytes:
+        """The optimizer's state and the step count, torch.save'd (the adapter is saved beside it)."""
+        with self.lock:
+            buffer = io.BytesIO()
+            torch.save({"optimizer": self.optimizer.state_dict(), "step": self.step}, buffer)
+            return buffer.getvalue()
+
+    def load_optimizer_bytes(self, data: bytes) -> None:
+        payload = torch.load(io.BytesIO(data), weights_only=True)
+        with self.lock:
+            self.optimizer.load_state_dict(payload["optimizer"])
+            self.step = payload["step"]
 
     def merged_state(self) -> dict[str, torch.Tensor]:
         import copy
