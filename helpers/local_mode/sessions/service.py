@@ -88,6 +88,7 @@ class LiveSession:
         self.closed = False
         self.last_activity = time.time()
         self.sampling_lock = threading.Lock()
+        self.package_engines: dict[str, engine_module.Engine] = {}
         threading.Thread(target=self._run_training, name=f"session-{self.name}", daemon=True).start()
 
     # ---- submission
@@ -173,6 +174,7 @@ class LiveSession:
             self.closed = True
             self.cond.notify_all()
         self.engine = None
+        self.package_engines = {}
 
 
 class SessionService:
@@ -539,11 +541,15 @@ class SessionService:
         if operation.kind == "loadWeightsForSampling":
             self._adapter_of(self._package(config["modelPackageArn"]))
             return {}, {}
+        package = self._package(config["modelPackageArn"]) if config.get("modelPackageArn") else None
+        if package is not None and package["_lora"]["Rank"] != live.detail["LoraConfig"]["Rank"]:
+            engine = self._package_engine(live, package)  # another rank: its own model, cached
+            package = None
         with engine.lock:
-            current = engine.adapter_state() if config.get("modelPackageArn") else None
+            current = engine.adapter_state() if package is not None else None
             try:
                 if current is not None:
-                    engine.load_adapter_from_peft(self._adapter_of(self._package(config["modelPackageArn"])))
+                    engine.load_adapter_from_peft(self._adapter_of(package))
                 tokens = engine_module.model_input_tokens(config["prompt"], "prompt")
                 if operation.kind == "computeLogprobs":
                     return {"logprobs": engine.compute_logprobs(tokens)}, {"PrefillTokenCount": len(tokens)}
@@ -557,6 +563,15 @@ class SessionService:
             finally:
                 if current is not None:
                     engine.load_adapter(current)
+
+    def _package_engine(self, live: LiveSession, package: dict) -> engine_module.Engine:
+        cached = live.package_engines.get(package["ModelPackageArn"])
+        if cached is None:
+            _, entry = self._base_model_for_arn(live.detail["ModelConfig"]["BaseModelArn"])
+            cached = engine_module.Engine(entry["path"], package["_lora"]["Rank"], package["_lora"]["Alpha"])
+            cached.load_adapter_from_peft(self._adapter_of(package))
+            live.package_engines = {package["ModelPackageArn"]: cached}  # one at a time: memory
+        return cached
 
     def sampling_operation_result(self, request: dict) -> dict:
         return self.operation_result(request)
