@@ -106,11 +106,12 @@ def sampling_from_saved() -> dict:
     return samples
 
 
-def grpo_pick_seven(sft_steps: int, grpo_steps: int, group: int, learning_rate: float, seed: int) -> dict:
-    """Warm up the answer format with cross_entropy, then GRPO (importance_sampling) on 'answer 7'."""
+def grpo_pick_seven(model: str, grpo_steps: int, group: int, learning_rate: float, seed: int, rank: int = 16,
+                    alpha: int = 32, sft_steps: int = 0) -> dict:
+    """GRPO (importance_sampling) on 'answer 7', from a model that answers one digit at random."""
     rng = random.Random(seed)
     svc = service()
-    tc = svc.create_lora_training_client(MODEL, rank=16, alpha=32)
+    tc = svc.create_lora_training_client(model, rank=rank, alpha=alpha)
     tokenizer = tc.get_tokenizer()
     prompt = tokenizer.apply_chat_template([{"role": "user", "content": "Pick a digit."}], tokenize=False,
                                            add_generation_prompt=True)
@@ -127,13 +128,15 @@ def grpo_pick_seven(sft_steps: int, grpo_steps: int, group: int, learning_rate: 
                                 loss_fn_inputs={"target_tokens": ids[1:], "weights": weights}))
         tc.forward_backward(datums, "cross_entropy")
         tc.optim_step(adam)
-    rewards = []
-    sampler = tc.save_weights_and_get_sampling_client()
+    rewards, texts = [], []
     for step in range(grpo_steps):
+        # The loop's way to sample its current weights: save them, sample that package, same session.
+        sampler = tc.create_sampling_client(tc.save_weights_for_sampler().result().model_package_arn)
         response = sampler.sample(prompt_ids, num_samples=group,
                                   sampling_params=SamplingParams(max_tokens=512, temperature=1.0,
                                                                  seed=seed * 1000 + step)).result()
         texts = [tokenizer.decode(s.tokens, skip_special_tokens=True) for s in response.sequences]
+        print(step, texts[:6], flush=True)
         reward = [float(t.strip() == "7") for t in texts]
         mean = sum(reward) / len(reward)
         rewards.append(mean)
@@ -152,9 +155,8 @@ def grpo_pick_seven(sft_steps: int, grpo_steps: int, group: int, learning_rate: 
         if mean not in (0.0, 1.0):
             tc.forward_backward(datums, "importance_sampling")
             tc.optim_step(adam)
-        sampler = tc.save_weights_and_get_sampling_client()
     tc.stop()
-    return {"rewards": rewards}
+    return {"rewards": rewards, "last_texts": texts}
 
 
 def describe(name: str) -> dict:

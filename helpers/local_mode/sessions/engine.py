@@ -285,6 +285,12 @@ class Engine:
             return {k: v.detach().contiguous() for k, v in merged.state_dict().items()}
 
     # ---- sampling and scoring
+    def adapter_enabled(self, enabled: bool):
+        """A context in which the model is the base model alone (enabled=False) or with the adapter."""
+        import contextlib
+
+        return contextlib.nullcontext() if enabled else self.model.disable_adapter()
+
     def compute_logprobs(self, tokens: list[int]) -> list[float | None]:
         with self.lock, torch.no_grad():
             if len(tokens) == 1:

@@ -187,6 +187,7 @@ class SessionService:
         self.live: dict[str, LiveSession] = {}
         self.lock = threading.RLock()
         self.identity = _process_identity()
+        self._adapters: dict[str, dict] = {}
         self._fail_orphans()
         threading.Thread(target=self._expire_idle, name="session-expiry", daemon=True).start()
 
@@ -488,8 +489,11 @@ class SessionService:
         live = self._live(request["trainingSessionName"])
         kind, config = _union(request["operationConfig"], "operationConfig")
         if kind in ("forward", "forwardBackward"):  # refused now, not when it runs: the session stays as it was
-            engine_module.parse_datums(config["datumList"], config["lossFnName"])
-            engine_module.check_loss_config(config["lossFnName"], config.get("lossFnConfig"))
+            try:
+                engine_module.check_loss_config(config["lossFnName"], config.get("lossFnConfig"))
+                engine_module.parse_datums(config["datumList"], config["lossFnName"])
+            except engine_module.InputError as error:
+                raise ServiceError("ValidationException", str(error)) from None
         if kind == "loadState":
             self._package(config["modelPackageArn"])
         operation = live.submit_training(request["sequenceNumber"], request.get("clientToken"), kind, config)
@@ -502,7 +506,10 @@ class SessionService:
             self._package(config["modelPackageArn"])
         prompt = config.get("prompt")
         if prompt is not None:
-            engine_module.model_input_tokens(prompt, "prompt")
+            try:
+                engine_module.model_input_tokens(prompt, "prompt")
+            except engine_module.InputError as error:
+                raise ServiceError("ValidationException", str(error)) from None
         return {"operationId": live.submit_sampling(kind, config).id}
 
     def operation_result(self, request: dict) -> dict:
@@ -537,31 +544,35 @@ class SessionService:
         raise ServiceError("ValidationException", f"Unknown training operation {operation.kind}.")
 
     def run_sampling_operation(self, live: LiveSession, operation: Operation) -> tuple[dict, dict]:
+        """Sampling and scoring read a saved model package's weights, or the base model when none is
+        named: SageMaker's SDK documents ``model_package_arn=""`` as the base model (Tinker samples
+        only saved weights too), so the adapter being trained is never sampled mid-step."""
         engine, config = live.engine, operation.config
         if operation.kind == "loadWeightsForSampling":
             self._adapter_of(self._package(config["modelPackageArn"]))
             return {}, {}
         package = self._package(config["modelPackageArn"]) if config.get("modelPackageArn") else None
-        if package is not None and package["_lora"]["Rank"] != live.detail["LoraConfig"]["Rank"]:
-            engine = self._package_engine(live, package)  # another rank: its own model, cached
-            package = None
+        swap = package is not None
+        if swap and package["_lora"]["Rank"] != live.detail["LoraConfig"]["Rank"]:
+            engine, swap = self._package_engine(live, package), False  # another rank: its own model, cached
+        tokens = engine_module.model_input_tokens(config["prompt"], "prompt")
         with engine.lock:
-            current = engine.adapter_state() if package is not None else None
+            current = engine.adapter_state() if swap else None
             try:
-                if current is not None:
+                if swap:
                     engine.load_adapter_from_peft(self._adapter_of(package))
-                tokens = engine_module.model_input_tokens(config["prompt"], "prompt")
-                if operation.kind == "computeLogprobs":
-                    return {"logprobs": engine.compute_logprobs(tokens)}, {"PrefillTokenCount": len(tokens)}
-                samples = engine.sample(tokens, config["numSamples"], config["samplingParams"])
-                result = {"sequences": samples}
-                if config.get("includePromptLogprobs"):
-                    result["promptLogprobs"] = engine.compute_logprobs(tokens)
+                with engine.adapter_enabled(package is not None):
+                    if operation.kind == "computeLogprobs":
+                        return {"logprobs": engine.compute_logprobs(tokens)}, {"PrefillTokenCount": len(tokens)}
+                    samples = engine.sample(tokens, config["numSamples"], config["samplingParams"])
+                    result = {"sequences": samples}
+                    if config.get("includePromptLogprobs"):
+                        result["promptLogprobs"] = engine.compute_logprobs(tokens)
                 usage = {"PrefillTokenCount": len(tokens) * config["numSamples"],
                          "SampleTokenCount": sum(len(s["tokens"]) for s in samples)}
                 return result, usage
             finally:
-                if current is not None:
+                if swap:
                     engine.load_adapter(current)
 
     def _package_engine(self, live: LiveSession, package: dict) -> engine_module.Engine:
@@ -616,7 +627,11 @@ class SessionService:
     def _adapter_of(self, package: dict) -> dict:
         from safetensors.torch import load
 
-        return load(self._read(package, "adapter_model.safetensors"))
+        arn = package["ModelPackageArn"]
+        with self.lock:
+            if arn not in self._adapters:  # a loop samples the same saved weights many times
+                self._adapters = {arn: load(self._read(package, "adapter_model.safetensors"))}
+            return self._adapters[arn]
 
     def _load_package(self, live: LiveSession, package: dict, with_optimizer: bool) -> None:
         if package["_lora"]["Rank"] != live.detail["LoraConfig"]["Rank"]:
