@@ -48,10 +48,15 @@ def test_a_later_process_describes_the_session(sdk, clients):
     control, _ = clients
     name = "described-later"
     control.create_training_session(
-        TrainingSessionName=name, LoraConfig={"Rank": 2, "Alpha": 4}, RoleArn="arn:aws:iam::123456789012:role/R",
-        ModelConfig={"BaseModelArn": "arn:aws:sagemaker:us-east-1:aws:hub-content/SageMakerPublicHub/Model/"
-                                     "local-tiny-qwen2/1.0.0"},
-        OutputConfig={"S3Location": {"Path": "s3://session-tests/out"}})
+        TrainingSessionName=name,
+        LoraConfig={"Rank": 2, "Alpha": 4},
+        RoleArn="arn:aws:iam::123456789012:role/R",
+        ModelConfig={
+            "BaseModelArn": "arn:aws:sagemaker:us-east-1:aws:hub-content/SageMakerPublicHub/Model/"
+            "local-tiny-qwen2/1.0.0"
+        },
+        OutputConfig={"S3Location": {"Path": "s3://session-tests/out"}},
+    )
     out = sdk("describe", name=name)
     assert out["status"] == "Running" and out["listed"]
     assert "local/tiny-qwen2" in out["models"]
@@ -59,29 +64,25 @@ def test_a_later_process_describes_the_session(sdk, clients):
 
 
 @pytest.fixture(scope="module")
-def pick_digit_model(endpoint, tmp_path_factory, one_thread_module):
+def pick_digit_model(endpoint, tmp_path_factory, one_thread):
     """The job-side learning test's warm-up (one random digit, then end of turn), registered as a
     local base model: LoRA on the random tiny model cannot learn the format itself."""
     spec = importlib.util.spec_from_file_location(
-        "grpo_learning", Path(__file__).resolve().parents[1] / "grpo" / "test_grpo_learning.py")
+        "grpo_learning", Path(__file__).resolve().parents[1] / "grpo" / "test_grpo_learning.py"
+    )
     learning = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(learning)
     from helpers.tiny_model import tiny_model_dir
 
-    folder = learning.warm_up_sft(tiny_model_dir(), tmp_path_factory.mktemp("pick-digit"),
-                                  [{"prompt": "Pick a digit."}] * 8, learning.PickSevenEnvironment(), steps=30)
+    folder = learning.warm_up_sft(
+        tiny_model_dir(),
+        tmp_path_factory.mktemp("pick-digit"),
+        [{"prompt": "Pick a digit."}] * 8,
+        learning.PickSevenEnvironment(),
+        steps=30,
+    )
     sessions.register_base_model("local/tiny-pick-digit", folder, endpoint.root)
     return "local/tiny-pick-digit"
-
-
-@pytest.fixture(scope="module")
-def one_thread_module():
-    import torch
-
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 @pytest.mark.slow
