@@ -33,6 +33,9 @@ TINY_ARN = "arn:aws:sagemaker:us-east-1:aws:hub-content/SageMakerPublicHub/Model
 @pytest.fixture(scope="session")
 def endpoint(tmp_path_factory):
     root = tmp_path_factory.mktemp("sessions-root")
+    # A result request is held until the operation ends, at most this long: the test that reads a
+    # Pending operation would otherwise wait the default 20 s for its answer.
+    os.environ["SAGEMAKER_LOCAL_SESSION_LONG_POLL"] = "2"
     started = sessions.start_service(root)
     yield started
     sessions.stop_service(root)
