@@ -2,6 +2,7 @@
 # and reuses it afterwards (the stamp file is rebuilt only when requirements.txt changes).
 PYTHON ?= python3
 VENV := .venv
+SESSIONS_VENV := .venv-sessions
 PY := $(VENV)/bin/python
 OUT ?= outputs/main
 
@@ -15,11 +16,11 @@ $(VENV)/.stamp: requirements.txt
 	@touch $@
 
 ## main: every notebook, end to end, in local mode with the tiny offline model
-main: $(VENV)/.stamp
+main: $(VENV)/.stamp $(SESSIONS_VENV)/.stamp
 	$(PY) -m helpers.run_notebooks --out $(OUT)
 
 ## test: the whole test suite (what .ci/run calls)
-test: $(VENV)/.stamp
+test: $(VENV)/.stamp $(SESSIONS_VENV)/.stamp
 	$(PY) -m pytest
 
 lint: $(VENV)/.stamp
@@ -30,3 +31,11 @@ bench: $(VENV)/.stamp
 
 clean-env:
 	rm -rf $(VENV)
+
+# The training-session environment: SageMaker SDK v3 (sagemaker-train) cannot share a virtual
+# environment with SDK v2 (both own sagemaker/__init__.py), so it gets its own.
+$(SESSIONS_VENV)/.stamp: requirements-sessions.txt
+	@test -x $(SESSIONS_VENV)/bin/python || $(PYTHON) -m venv $(SESSIONS_VENV)
+	$(SESSIONS_VENV)/bin/python -m pip install -q --disable-pip-version-check -r requirements-sessions.txt
+	$(SESSIONS_VENV)/bin/python -m pip check
+	@touch $@

@@ -30,6 +30,8 @@ __all__ = [
     "is_active",
     "local_root",
     "simulate_spot_interruption",
+    "start_training_sessions",
+    "stop_training_sessions",
 ]
 
 _active: LocalAWS | None = None
@@ -73,6 +75,26 @@ def deactivate() -> None:
     if _active is not None:
         _active.stop()  # restores boto3.DEFAULT_SESSION as it was
         _active = None
+
+
+def start_training_sessions(region: str = "us-east-1", root: str | os.PathLike | None = None):
+    """Start (or find) the local training-session endpoint for ``root`` and return it; its
+    ``client_environment()`` points the SDK v3, boto3 or the AWS CLI of any process at it.
+
+    Unlike job hosts, the endpoint outlives this Python process, as the service outlives a kernel:
+    a restarted kernel finds its sessions still Running. ``stop_training_sessions()`` ends it.
+    """
+    from . import sessions
+
+    root = root or (_active.storage.root if _active is not None else None)
+    return sessions.start_service(root, region)
+
+
+def stop_training_sessions(root: str | os.PathLike | None = None) -> bool:
+    """Stop the training-session endpoint of ``root``; the sessions it held become Failed."""
+    from . import sessions
+
+    return sessions.stop_service(root or (_active.storage.root if _active is not None else None))
 
 
 # Host processes run in their own sessions (a Ctrl-C in the terminal does not reach them), so

@@ -1,0 +1,206 @@
+"""SageMaker training sessions on this machine: a local endpoint the unchanged SDK v3 and boto3 reach.
+
+    from helpers.local_mode import sessions
+    endpoint = sessions.start_service()          # one process per machine, reused if running
+    os.environ.update(endpoint.client_environment())   # or pass it to a subprocess / kernel
+    # then, in the SDK v3 environment, unchanged:
+    #   ServiceClient(region="us-east-1", role_arn=...).create_lora_training_client("local/tiny-qwen2")
+
+The endpoint (server.py) is a process of the main environment (torch, transformers, peft); the
+SDK (``sagemaker-train``) lives in its own environment (``.venv-sessions``) and reaches it over
+HTTP through documented settings only: ``AWS_ENDPOINT_URL_<SERVICE>`` (botocore) and the SDK's
+``SAGEMAKER_TRAINING_SESSION_ENDPOINT`` / ``SAGEMAKER_TRAINING_SESSION_RUNTIME_ENDPOINT``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import psutil
+
+from ..storage import _atomic_write, local_root
+
+TINY_MODEL_ID = "local/tiny-qwen2"
+FAKE_ACCESS_KEY = "LOCALMODEACCESSKEY"
+REPO = Path(__file__).resolve().parents[3]
+
+
+@dataclass
+class Endpoint:
+    url: str
+    pid: int
+    root: Path
+    region: str
+
+    def client_environment(self) -> dict[str, str]:
+        """The variables that send the SDK, boto3 or the AWS CLI of any process here."""
+        return {
+            "AWS_ENDPOINT_URL_SAGEMAKER": self.url,  # control plane, hub look-ups, model packages
+            "AWS_ENDPOINT_URL_SAGEMAKERTRAININGSESSIONRUNTIME": self.url,
+            "AWS_ENDPOINT_URL_S3": self.url,  # the local S3 store (default bucket, artifacts)
+            "AWS_ENDPOINT_URL_STS": self.url,
+            "SAGEMAKER_TRAINING_SESSION_ENDPOINT": self.url,
+            "SAGEMAKER_TRAINING_SESSION_RUNTIME_ENDPOINT": self.url,
+            "AWS_ACCESS_KEY_ID": FAKE_ACCESS_KEY,  # signed but never checked; nothing leaves the machine
+            "AWS_SECRET_ACCESS_KEY": "local-mode-secret-key",
+            "AWS_DEFAULT_REGION": self.region,
+            "AWS_REGION": self.region,
+            "AWS_EC2_METADATA_DISABLED": "true",
+            "HF_HUB_CACHE": str(hf_cache(self.root)),  # base models' tokenizers under their hub-style ids
+            "HF_HUB_OFFLINE": "1",
+            # The SDK names its default bucket after the account, asking STS at a hard-coded regional
+            # URL that no endpoint variable redirects; the SDK's documented defaults file names the
+            # bucket instead (the same name AWS would give it).
+            "SAGEMAKER_USER_CONFIG_OVERRIDE": str(sdk_defaults_file(self.root, self.region)),
+        }
+
+
+def sdk_defaults_file(root: Path, region: str) -> Path:
+    from ..api import ACCOUNT_ID
+
+    path = _sessions_root(root) / "sdk-config" / "config.yaml"
+    text = (
+        "SchemaVersion: '1.0'\nSageMaker:\n  PythonSDK:\n    Modules:\n      TelemetryOptOut: true\n"
+        f"      Session:\n        DefaultS3Bucket: sagemaker-{region}-{ACCOUNT_ID}\n"
+    )
+    if not path.exists() or path.read_text() != text:
+        _atomic_write(path, text.encode())
+    return path
+
+
+def _sessions_root(root: Path) -> Path:
+    return Path(root) / "training-sessions"
+
+
+def hf_cache(root: Path) -> Path:
+    return _sessions_root(root) / "hf-cache"
+
+
+def hub_content_name(model_id: str) -> str:
+    """A hub-style id (provider/model) as a Hub content name (letters, digits, dashes)."""
+    return re.sub(r"-+", "-", re.sub(r"[^a-zA-Z0-9]", "-", model_id)).strip("-").lower()[:63]
+
+
+def register_base_model(model_id: str, path: str | os.PathLike, root: str | os.PathLike | None = None) -> str:
+    """Serve a local model folder (save_pretrained layout) as base model ``model_id``.
+
+    ``list_base_models()`` then lists it, sessions train it, and ``get_tokenizer()`` loads its
+    tokenizer with no network (its files are linked into a Hugging Face cache under the id).
+    Returns the Hub content name.
+    """
+    if model_id.count("/") != 1:
+        raise ValueError(f"Base model id {model_id!r} must look like a hub id, provider/model.")
+    path = Path(path).expanduser().resolve()
+    if not (path / "config.json").is_file():
+        raise ValueError(f"{path} has no config.json: give a folder written by save_pretrained.")
+    root = Path(root).expanduser() if root else local_root()
+    name = hub_content_name(model_id)
+    snapshot = hf_cache(root) / f"models--{model_id.replace('/', '--')}" / "snapshots" / "local"
+    snapshot.mkdir(parents=True, exist_ok=True)
+    for file in path.iterdir():
+        link = snapshot / file.name
+        if file.is_file() and not link.exists():
+            link.symlink_to(file)
+    (snapshot.parents[1] / "refs").mkdir(exist_ok=True)
+    (snapshot.parents[1] / "refs" / "main").write_text("local")
+    registry = _sessions_root(root) / "base-models.json"
+    models = json.loads(registry.read_text()) if registry.exists() else {}
+    models[name] = {"HuggingfaceId": model_id, "path": str(path), "version": "1.0.0", "created": time.time()}
+    _atomic_write(registry, json.dumps(models, indent=1).encode())
+    return name
+
+
+def _info_path(root: Path) -> Path:
+    return _sessions_root(root) / "service.json"
+
+
+def running_endpoint(root: str | os.PathLike | None = None) -> Endpoint | None:
+    root = Path(root).expanduser() if root else local_root()
+    try:
+        info = json.loads(_info_path(root).read_text())
+        if psutil.Process(info["pid"]).create_time() != info["started"]:
+            return None
+    except (OSError, ValueError, KeyError, psutil.Error):
+        return None
+    return Endpoint(f"http://127.0.0.1:{info['port']}", info["pid"], root, info["region"])
+
+
+def start_service(
+    root: str | os.PathLike | None = None, region: str = "us-east-1", timeout: float = 120.0
+) -> Endpoint:
+    """Start the endpoint process for ``root`` (or return the one already running) and register the
+    tiny model. The process outlives this Python process, as the real service outlives a kernel."""
+    root = Path(root).expanduser() if root else local_root()
+    _sessions_root(root).mkdir(parents=True, exist_ok=True)
+    from helpers.tiny_model import tiny_model_dir
+
+    register_base_model(TINY_MODEL_ID, tiny_model_dir(), root)
+    existing = running_endpoint(root)
+    if existing is not None:
+        return existing
+    ready = _sessions_root(root) / f"ready-{os.getpid()}.json"
+    ready.unlink(missing_ok=True)
+    log = open(_sessions_root(root) / "service.log", "ab")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "helpers.local_mode.sessions.server",
+            "--root",
+            str(root),
+            "--region",
+            region,
+            "--ready-file",
+            str(ready),
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+        env=env,
+        cwd=REPO,
+        start_new_session=True,  # a Ctrl-C in the notebook's terminal does not reach it
+    )
+    deadline = time.monotonic() + timeout
+    while not ready.exists():
+        if process.poll() is not None:
+            raise RuntimeError(
+                f"The training-session endpoint exited with code {process.returncode}; "
+                f"see {_sessions_root(root) / 'service.log'}."
+            )
+        if time.monotonic() > deadline:
+            process.kill()
+            raise RuntimeError(
+                f"The training-session endpoint did not start within {timeout:.0f} s; "
+                f"see {_sessions_root(root) / 'service.log'}."
+            )
+        time.sleep(0.05)
+    info = json.loads(ready.read_text())
+    ready.unlink()
+    info["started"] = psutil.Process(process.pid).create_time()
+    _atomic_write(_info_path(root), json.dumps(info).encode())
+    return Endpoint(f"http://127.0.0.1:{info['port']}", process.pid, root, region)
+
+
+def stop_service(root: str | os.PathLike | None = None, timeout: float = 10.0) -> bool:
+    """Stop the endpoint of ``root`` if one runs; its Running sessions become Failed on next start."""
+    endpoint = running_endpoint(root)
+    if endpoint is None:
+        return False
+    process = psutil.Process(endpoint.pid)
+    process.send_signal(signal.SIGTERM)
+    try:
+        process.wait(timeout)
+    except psutil.TimeoutExpired:
+        process.kill()
+        process.wait(timeout)
+    _info_path(endpoint.root).unlink(missing_ok=True)
+    return True

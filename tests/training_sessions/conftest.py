@@ -1,0 +1,86 @@
+"""The local training-session endpoint for these tests, and a way to drive it with the real SDK.
+
+The SDK (sagemaker-train, SDK v3) cannot be imported here: it lives in ``.venv-sessions``. Tests
+that go through it run ``sdk_scenarios.py`` with that environment's Python, pointed at the
+endpoint by ``Endpoint.client_environment()`` alone, and read the JSON line it prints.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import boto3
+import pytest
+import torch
+
+from helpers.local_mode import sessions
+
+REPO = Path(__file__).resolve().parents[2]
+if str(REPO / "scripts") not in sys.path:
+    sys.path.insert(0, str(REPO / "scripts"))  # grpo.py, the job-side loss the sessions must agree with
+if str(REPO / "scripts") not in sys.path:
+    sys.path.insert(0, str(REPO / "scripts"))  # grpo.py, whose loss the session's must equal
+SESSIONS_PYTHON = REPO / ".venv-sessions" / "bin" / "python"
+SCENARIOS = Path(__file__).with_name("sdk_scenarios.py")
+ROLE = "arn:aws:iam::123456789012:role/SageMakerRole"
+TINY_ARN = "arn:aws:sagemaker:us-east-1:aws:hub-content/SageMakerPublicHub/Model/local-tiny-qwen2/1.0.0"
+
+
+@pytest.fixture(scope="session")
+def endpoint(tmp_path_factory):
+    root = tmp_path_factory.mktemp("sessions-root")
+    # A result request is held until the operation ends, at most this long: the test that reads a
+    # Pending operation would otherwise wait the default 20 s for its answer.
+    os.environ["SAGEMAKER_LOCAL_SESSION_LONG_POLL"] = "2"
+    started = sessions.start_service(root)
+    yield started
+    sessions.stop_service(root)
+
+
+@pytest.fixture(scope="session")
+def clients(endpoint):
+    """Raw boto3 clients of the main environment, pointed at the endpoint."""
+    session = boto3.Session(aws_access_key_id="local", aws_secret_access_key="local", region_name="us-east-1")
+    return (
+        session.client("sagemaker", endpoint_url=endpoint.url),
+        session.client("sagemakertrainingsessionruntime", endpoint_url=endpoint.url),
+    )
+
+
+def run_sdk(endpoint, scenario: str, timeout: float = 240, **arguments) -> dict:
+    """Run one scenario of sdk_scenarios.py in the SDK v3 environment; its last stdout line is JSON."""
+    if not SESSIONS_PYTHON.exists():
+        pytest.fail(
+            "The SDK v3 environment is missing: build it with `make .venv-sessions/.stamp` "
+            "(requirements-sessions.txt)."
+        )
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "PYTHON"))}
+    env.update(endpoint.client_environment())
+    done = subprocess.run(
+        [str(SESSIONS_PYTHON), str(SCENARIOS), scenario, json.dumps(arguments)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    assert done.returncode == 0, f"{scenario} failed:\n{done.stderr[-4000:]}"
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    """One torch thread in this process: the machine is shared, more threads only contend."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="session")
+def sdk(endpoint):
+    """sdk(scenario, **arguments) -> the scenario's JSON result (see sdk_scenarios.py)."""
+    return lambda scenario, **arguments: run_sdk(endpoint, scenario, **arguments)
