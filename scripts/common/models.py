@@ -185,10 +185,10 @@ def _check_readable_here(path: str) -> None:
 
         raise UserError(
             f"The model folder {path} was saved by transformers 5, and this job runs transformers "
-            f"{transformers.__version__}: " + "; ".join(problems) + ". Save it with common.models."
-            "save_final_model or call common.models.add_transformers_4_keys(folder) before uploading "
-            "it (both add the 4.x keys, which 5 reads too), or run the job on transformers 5 "
-            "(the PyTorch image with scripts/requirements.txt).")
+            f"{transformers.__version__}: " + "; ".join(problems) + ". Add the 4.x keys to the folder "
+            "before uploading it (5 reads them too): add_transformers_4_keys(folder) in "
+            "scripts/common/models.py does, and the scripts' save_final_model calls it. Or run the job "
+            "on transformers 5 (the PyTorch image, which installs scripts/requirements.txt).")
 
 
 def load_tokenizer(path: str):
