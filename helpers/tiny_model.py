@@ -4,7 +4,8 @@ The Hugging Face Hub is out of reach in tests and CI, so local mode, the tests a
 main job use a Qwen2-architecture model of about 1.3 M parameters with a byte-level BPE
 tokenizer trained here on the project's own text. It is saved with ``save_pretrained``
 and loads with ``AutoModelForCausalLM`` / ``AutoTokenizer`` like any hub model, so the
-training scripts cannot tell it from ``Qwen/Qwen2.5-0.5B-Instruct``.
+training scripts cannot tell it from ``Qwen/Qwen2.5-0.5B-Instruct``. Built with transformers 5,
+it also loads in the training image's 4.56 (its config files are written in words both read).
 
 The tokenizer is trained with the same pipeline Qwen2's tokenizer rebuilds on load (NFC,
 Qwen2's split regex, ``ByteLevel(use_regex=False)``); with plain ByteLevel pre-tokenisation
@@ -44,8 +45,23 @@ TINY_CONFIG = dict(
     tie_word_embeddings=True,
     rope_theta=10000.0,
 )
+# The tokenizer's settings, and its tokenizer_config.json as written: in words both transformers
+# 4.56 (the training image) and 5 read. Saved by 5 it would name the class TokenizersBackend,
+# unknown to 4.56, and list extra_special_tokens where 4.56 expects additional_special_tokens.
+TOKENIZER_CONFIG = {
+    "tokenizer_class": "Qwen2Tokenizer",  # as Qwen2.5 names it; both versions load their fast Qwen2 class
+    "eos_token": "<|im_end|>",
+    "pad_token": "<|endoftext|>",
+    "bos_token": None,
+    "unk_token": None,
+    "additional_special_tokens": ["<|im_start|>"],
+    # What Qwen2's tokenizer gives the model; a plain fast tokenizer in 4.56 would add
+    # token_type_ids, which generate() rejects.
+    "model_input_names": ["input_ids", "attention_mask"],
+    "clean_up_tokenization_spaces": False,
+}
 VOCAB_SIZE = 2048
-BUILDER_VERSION = 1  # bump when anything below changes, so caches are rebuilt
+BUILDER_VERSION = 2  # bump when anything below changes, so caches are rebuilt
 
 
 def build_tokenizer(seed: int = 0):
@@ -69,14 +85,8 @@ def build_tokenizer(seed: int = 0):
         show_progress=False,
     )
     tokenizer.train_from_iterator(corpus(seed), trainer=trainer)
-    wrapped = PreTrainedTokenizerFast(
-        tokenizer_object=tokenizer,
-        eos_token="<|im_end|>",
-        pad_token="<|endoftext|>",
-        bos_token=None,
-        unk_token=None,
-        additional_special_tokens=["<|im_start|>"],
-    )
+    settings = {key: value for key, value in TOKENIZER_CONFIG.items() if key != "tokenizer_class"}
+    wrapped = PreTrainedTokenizerFast(tokenizer_object=tokenizer, **settings)
     wrapped.chat_template = CHATML_TEMPLATE
     return wrapped
 
@@ -102,7 +112,16 @@ def build_tiny_model(out_dir: str | Path, seed: int = 0) -> Path:
     out_dir.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out_dir, safe_serialization=True)
     tokenizer.save_pretrained(out_dir)
+    _write_json(out_dir / "tokenizer_config.json", TOKENIZER_CONFIG)
+    # transformers 5 writes RoPE only as rope_parameters, which 4.56 ignores (it would silently
+    # take its own default): rope_theta at the top level too.
+    saved = json.loads((out_dir / "config.json").read_text())
+    _write_json(out_dir / "config.json", {**saved, "rope_theta": TINY_CONFIG["rope_theta"]})
     return out_dir
+
+
+def _write_json(path: Path, content: dict) -> None:
+    path.write_text(json.dumps(content, indent=2, sort_keys=True) + "\n")
 
 
 def _cache_root() -> Path:

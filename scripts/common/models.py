@@ -15,15 +15,19 @@ API:
     load_tokenizer(path)                          padding on the right, a pad token always set, and
                                                   PLAIN_CHAT_TEMPLATE when the tokenizer has no chat template
     load_model(path, device, trainable=True)      AutoModelForCausalLM, dtype as above
+                                                  (both: UserError for a folder only transformers 5 reads,
+                                                  when this is transformers 4)
+    add_transformers_4_keys(folder)               a folder saved by transformers 5 made readable by 4.56 too
     compute_dtype(device)                         bf16 on GPU, fp32 on CPU
     save_final_model(model, tokenizer, out_dir, learners)
                                                   safetensors + tokenizer (LoRA merged first),
-                                                  FSDP2 state gathered to rank 0
+                                                  FSDP2 state gathered to rank 0, readable by 4.56 and 5
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import os
 import shutil
@@ -107,20 +111,93 @@ def compute_dtype(device: torch.device) -> torch.dtype:
     return torch.bfloat16 if device.type == "cuda" else torch.float32
 
 
-def _dtype_kwarg(dtype: torch.dtype) -> dict:
-    """transformers >= 4.56 calls it ``dtype``; older versions ``torch_dtype``."""
+def _transformers_version() -> tuple[int, int]:
     import transformers
 
     major, minor = (int(x) for x in transformers.__version__.split(".")[:2])
-    return {"dtype": dtype} if (major, minor) >= (4, 56) else {"torch_dtype": dtype}
+    return major, minor
+
+
+def _dtype_kwarg(dtype: torch.dtype) -> dict:
+    """transformers >= 4.56 calls it ``dtype``; older versions ``torch_dtype``."""
+    return {"dtype": dtype} if _transformers_version() >= (4, 56) else {"torch_dtype": dtype}
+
+
+# --------------------------------------------------------------------------- transformers 4 and 5
+# A model saved by transformers 5 (local mode, the PyTorch image with scripts/requirements.txt)
+# may be the input of a job on 4.56 (the Hugging Face image). Three of 5's spellings 4.56 does not
+# read: RoPE settings only as ``rope_parameters`` (4.56 reads ``rope_theta`` and ``rope_scaling``,
+# and silently falls back to rope_theta 10000 without them: wrong positions for Qwen2.5's 1e6),
+# the generic fast tokenizer's class as ``TokenizersBackend`` (4.56: ``PreTrainedTokenizerFast``),
+# and ``extra_special_tokens`` as a list (4.56: a dict of named tokens; the list is
+# ``additional_special_tokens``). transformers 5 reads the 4.x spellings as well.
+
+
+def _read_json(path: Path) -> dict | None:
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
+def _add_spellings_of_4(config: dict, tokenizer_config: dict) -> list[str]:
+    """Add 4.56's spellings to the parsed config.json and tokenizer_config.json (in place); returns
+    what was missing, in words (empty for a folder 4.x saved). Only a single RoPE for every layer
+    is translated, as Qwen2 has."""
+    missing = []
+    rope = config.get("rope_parameters")
+    if isinstance(rope, dict) and "rope_theta" in rope and "rope_theta" not in config:
+        missing.append(f"config.json has rope_parameters but no rope_theta (transformers 4 would use "
+                       f"rope_theta 10000 instead of {rope['rope_theta']})")
+        config["rope_theta"] = rope["rope_theta"]
+        if rope.get("rope_type", "default") != "default":
+            config["rope_scaling"] = {key: value for key, value in rope.items() if key != "rope_theta"}
+    if tokenizer_config.get("tokenizer_class") == "TokenizersBackend":
+        missing.append("tokenizer_config.json names the class TokenizersBackend, which transformers 4 lacks")
+        tokenizer_config["tokenizer_class"] = "PreTrainedTokenizerFast"
+    extra = tokenizer_config.get("extra_special_tokens")
+    if isinstance(extra, list):
+        missing.append("tokenizer_config.json lists extra_special_tokens (transformers 4 expects a dict)")
+        del tokenizer_config["extra_special_tokens"]
+        named = tokenizer_config.get("additional_special_tokens") or []
+        tokenizer_config["additional_special_tokens"] = list(dict.fromkeys([*named, *extra]))
+    return missing
+
+
+def add_transformers_4_keys(folder: str | Path) -> None:
+    """Make a ``save_pretrained`` folder readable by transformers 4.56 too (5 reads both spellings)."""
+    folder = Path(folder)
+    config = _read_json(folder / "config.json")
+    tokenizer_config = _read_json(folder / "tokenizer_config.json")
+    if _add_spellings_of_4(config or {}, tokenizer_config or {}):
+        for name, content in (("config.json", config), ("tokenizer_config.json", tokenizer_config)):
+            if content is not None:
+                (folder / name).write_text(json.dumps(content, indent=2) + "\n")
+
+
+def _check_readable_here(path: str) -> None:
+    """On transformers 4, a folder only 5 reads is a UserError saying what to change, not an
+    obscure failure deep in from_pretrained or, for RoPE, a model that silently loads wrong."""
+    if _transformers_version() >= (5, 0) or not Path(path).is_dir():
+        return
+    folder = Path(path)
+    problems = _add_spellings_of_4(_read_json(folder / "config.json") or {},
+                                   _read_json(folder / "tokenizer_config.json") or {})
+    if problems:
+        import transformers
+
+        raise UserError(
+            f"The model folder {path} was saved by transformers 5, and this job runs transformers "
+            f"{transformers.__version__}: " + "; ".join(problems) + ". Add the 4.x keys to the folder "
+            "before uploading it (5 reads them too): add_transformers_4_keys(folder) in "
+            "scripts/common/models.py does, and the scripts' save_final_model calls it. Or run the job "
+            "on transformers 5 (the PyTorch image, which installs scripts/requirements.txt).")
 
 
 def load_tokenizer(path: str):
     from transformers import AutoTokenizer
 
+    _check_readable_here(path)
     try:
         tokenizer = AutoTokenizer.from_pretrained(path)
-    except OSError as error:
+    except (OSError, ValueError) as error:  # ValueError: a tokenizer class this transformers lacks
         raise UserError(f"Cannot load the tokenizer of {path}: {error}") from None
     if tokenizer.pad_token is None:  # padding positions are masked anyway; any token id will do
         tokenizer.pad_token = tokenizer.eos_token
@@ -136,9 +213,10 @@ def load_model(path: str, device: torch.device, trainable: bool = True):
     from transformers import AutoModelForCausalLM
 
     dtype = torch.float32 if trainable else compute_dtype(device)
+    _check_readable_here(path)
     try:
         model = AutoModelForCausalLM.from_pretrained(path, **_dtype_kwarg(dtype))
-    except OSError as error:
+    except (OSError, ValueError) as error:  # ValueError: a model type this transformers lacks
         raise UserError(f"Cannot load the model {path}: {error}") from None
     model.to(device)
     if not trainable:
@@ -158,9 +236,8 @@ def _tied_weight_names(model) -> list[str]:
 
 
 def save_final_model(model, tokenizer, out_dir: str | Path, learners: Learners) -> None:
-    """Save for ``AutoModelForCausalLM.from_pretrained(out_dir)`` (every rank must call it).
-
-    LoRA adapters are merged into the base weights, so the result is a plain model.
+    """Save for ``AutoModelForCausalLM.from_pretrained(out_dir)`` on transformers 4.56 or 5 (every
+    rank must call it). LoRA adapters are merged into the base weights, so the result is a plain model.
     """
     out_dir = Path(out_dir)
     module = unwrap(model)
@@ -187,6 +264,7 @@ def save_final_model(model, tokenizer, out_dir: str | Path, learners: Learners) 
                  for name, tensor in state.items()}
         module.save_pretrained(out_dir, state_dict=state, safe_serialization=True)
         tokenizer.save_pretrained(out_dir)
+        add_transformers_4_keys(out_dir)  # the next job may run on the Hugging Face image's 4.56
         log.info("final model saved to %s", out_dir)
     if learners.distributed:
         import torch.distributed as dist

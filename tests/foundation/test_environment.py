@@ -7,6 +7,7 @@ from importlib import metadata
 from pathlib import Path
 
 from packaging.requirements import Requirement
+from packaging.version import Version
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -49,3 +50,19 @@ def test_container_requirements_never_touch_torch():
     # transformers must accept the Hugging Face image's 4.56.2 as well as 5.x.
     transformers = next(r for r in _requirements(REPO / "scripts" / "requirements.txt") if r.name == "transformers")
     assert transformers.specifier.contains("4.56.2") and transformers.specifier.contains("5.2.0")
+
+
+def test_the_image_environment_pins_the_container_floors():
+    """requirements-image.txt (the container-side tests' environment) holds the lowest version of
+    each line of scripts/requirements.txt, and the Hugging Face image's transformers 4.56.2."""
+    floors = {}
+    for requirement in _requirements(REPO / "scripts" / "requirements.txt"):
+        lowest = [spec.version for spec in requirement.specifier if spec.operator == ">="]
+        assert len(lowest) == 1, f"{requirement}: one floor (>=) per line, so the image environment can pin it"
+        floors[requirement.name] = lowest[0]
+    pins = {r.name: str(r.specifier) for r in _requirements(REPO / "requirements-image.txt")}
+    for name, floor in floors.items():
+        assert pins.get(name, "").startswith("==") and Version(pins[name][2:]) == Version(floor), (name, floor, pins.get(name))
+    assert Version(floors["transformers"]) == Version("4.56.2")
+    assert pins["torch"] == next(str(r.specifier) for r in _requirements(REPO / "requirements.txt") if r.name == "torch")
+
