@@ -256,7 +256,7 @@ def main(argv: list[str] | None = None) -> None:
 
     checkpoint_dir = args.checkpoint_dir or contract.default_checkpoint_dir()
     checkpointer = checkpoints.Checkpointer(checkpoint_dir, learners, keep=args.keep_checkpoints,
-                                            background=args.checkpoint_background)
+                                            background=args.checkpoint_in_background)
     resumed = checkpointer.load_latest(model, optimizer, scheduler)
     start_step, ref_table, test_ref_table = 0, None, None
     if resumed is not None:

@@ -379,7 +379,7 @@ def train(args, env: Environment, learners: distributed.Learners) -> bool:
 
     # ---- resume after a spot interruption: weights, optimizer, schedule, RNG and data position
     checkpointer = checkpoints.Checkpointer(args.checkpoint_dir or contract.default_checkpoint_dir(), learners,
-                                            keep=args.keep_checkpoints, background=args.checkpoint_background)
+                                            keep=args.keep_checkpoints, background=args.checkpoint_in_background)
     resumed = checkpointer.load_latest(model, optimizer, scheduler)
     start_step = 0
     if resumed is not None:

@@ -247,7 +247,7 @@ def main(argv: list[str] | None = None) -> None:
     # Resume after a spot interruption or a restart, from the newest whole checkpoint.
     checkpoint_dir = args.checkpoint_dir or contract.default_checkpoint_dir()
     checkpointer = checkpoints.Checkpointer(checkpoint_dir, learners, keep=args.keep_checkpoints,
-                                            trainable_only=args.lora_r > 0, background=args.checkpoint_background)
+                                            trainable_only=args.lora_r > 0, background=args.checkpoint_in_background)
     resumed = checkpointer.load_latest(model, optimizer, scheduler)
     start_step = 0
     if resumed is not None:

@@ -680,12 +680,8 @@ def _signal_training_processes(processes, signum: int) -> None:
                 pass
 
 
-def _kill_after(processes, grace: float) -> None:
-    """Wait up to ``grace`` seconds for every host's toolkit to exit, then SIGKILL whatever is left
-    of the hosts' processes: when its first process goes, a container ends with everything in it."""
-    deadline = time.monotonic() + grace
-    while time.monotonic() < deadline and any(p.poll() is None for p in processes):
-        time.sleep(0.05)
+def _process_trees(processes) -> list[psutil.Process]:
+    """Every host's process and its descendants."""
     tree = []
     for process in processes:
         try:
@@ -693,6 +689,11 @@ def _kill_after(processes, grace: float) -> None:
             tree += [parent, *parent.children(recursive=True)]
         except psutil.NoSuchProcess:
             pass
+    return tree
+
+
+def _kill(tree: list[psutil.Process], processes) -> None:
+    """SIGKILL ``tree`` and the hosts' process groups, and reap the hosts."""
     for member in tree:
         try:
             member.kill()
@@ -706,15 +707,19 @@ def _kill_after(processes, grace: float) -> None:
         process.wait()
 
 
+def _kill_after(processes, grace: float) -> None:
+    """Wait up to ``grace`` seconds for every host's toolkit to exit, then SIGKILL whatever is left
+    of the hosts' processes: when its first process goes, a container ends with everything in it."""
+    tree = _process_trees(processes)  # taken first: a toolkit that exits leaves its children orphans
+    deadline = time.monotonic() + grace
+    while time.monotonic() < deadline and any(p.poll() is None for p in processes):
+        time.sleep(0.05)
+    _kill(tree + _process_trees(processes), processes)
+
+
 def _terminate(processes: list[subprocess.Popen], grace: float) -> None:
     """SIGTERM every host's process tree, SIGKILL what is left after `grace` seconds."""
-    tree = []
-    for process in processes:
-        try:
-            parent = psutil.Process(process.pid)
-            tree += [parent, *parent.children(recursive=True)]
-        except psutil.NoSuchProcess:
-            pass
+    tree = _process_trees(processes)
     for process in processes:
         try:
             os.killpg(process.pid, signal.SIGTERM)
@@ -726,14 +731,4 @@ def _terminate(processes: list[subprocess.Popen], grace: float) -> None:
         except psutil.NoSuchProcess:
             pass
     _, alive = psutil.wait_procs(tree, timeout=grace)
-    for member in alive:
-        try:
-            member.kill()
-        except psutil.NoSuchProcess:
-            pass
-    for process in processes:
-        try:
-            os.killpg(process.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
-        process.wait()
+    _kill(alive, processes)

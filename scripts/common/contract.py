@@ -22,7 +22,7 @@ API:
                                 listing the valid ones; ``parse(argv=None)`` merges ``SM_HPS``
     str2bool                    argparse type accepting SageMaker's "True"/"False"
     add_common_arguments(p)     --model_name_or_path --max_steps --seed --learning_rate
-                                --checkpoint_every --checkpoint_every_minutes --checkpoint_background
+                                --checkpoint_every --checkpoint_every_minutes --checkpoint_in_background
                                 --keep_checkpoints --checkpoint_dir
                                 --strategy --log_every
     channel_file(name, file)    path of ``<file>`` in channel ``name`` (clear error when missing)
@@ -232,7 +232,7 @@ def add_common_arguments(parser: argparse.ArgumentParser, *, model: str, learnin
     parser.add_argument("--checkpoint_every_minutes", type=float, default=0.0,
                         help="also save once this many minutes have passed since the last save: bounds what a spot "
                              "interruption costs in time; 0 = not by time (default: %(default)s)")
-    parser.add_argument("--checkpoint_background", type=str2bool, default=False,
+    parser.add_argument("--checkpoint_in_background", type=str2bool, default=False,
                         help="copy the state to CPU memory and write it in a thread while training goes on "
                              "(default: %(default)s)")
     parser.add_argument("--keep_checkpoints", type=int, default=2, help="how many recent checkpoints to keep (default: %(default)s)")
