@@ -23,13 +23,15 @@ The SIGTERM save does not run on SageMaker's PyTorch and Hugging Face images. Th
 is ``bash -m start_with_right_hostname.sh``: bash is the container's first process, has no
 SIGTERM trap, and the kernel drops a signal that the first process of a PID namespace does not
 handle. Nothing reaches the toolkit, torchrun or the script; SIGKILL follows 120 s later.
+Nothing inside the job can change that: a wrapper as ``sagemaker_program``, the toolkit and
+torchrun (which would pass SIGTERM to its workers) all run under that bash and are never signalled.
 ``SigtermFlag`` serves images whose entry point delivers SIGTERM to the script (and keeps the
 toolkit alive while the script saves) and runs by hand or under torchrun, which passes SIGTERM to
 its workers.
 
-With DDP rank 0 writes and the others wait (for its copy only, in the background); with FSDP2 every rank takes part in gathering
-the full state (``torch.distributed.checkpoint.state_dict``), rank 0 writes it, and on resume
-rank 0 reads it and broadcasts the shards.
+With DDP rank 0 writes and the others wait (in the background: for its copy only); with FSDP2
+every rank takes part in gathering the full state (``torch.distributed.checkpoint.state_dict``),
+rank 0 writes it, and on resume rank 0 reads it and broadcasts the shards.
 
 API:
     Checkpointer(directory, learners, keep=2, trainable_only=False, background=False)
