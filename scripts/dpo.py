@@ -255,7 +255,8 @@ def main(argv: list[str] | None = None) -> None:
     batch_order = data.BatchOrder(len(examples), args.batch_size, args.seed)
 
     checkpoint_dir = args.checkpoint_dir or contract.default_checkpoint_dir()
-    checkpointer = checkpoints.Checkpointer(checkpoint_dir, learners, keep=args.keep_checkpoints)
+    checkpointer = checkpoints.Checkpointer(checkpoint_dir, learners, keep=args.keep_checkpoints,
+                                            background=args.checkpoint_in_background)
     resumed = checkpointer.load_latest(model, optimizer, scheduler)
     start_step, ref_table, test_ref_table = 0, None, None
     if resumed is not None:
@@ -275,6 +276,7 @@ def main(argv: list[str] | None = None) -> None:
     logger = metrics.MetricLogger(contract.output_data_dir() / "metrics.jsonl", learners, args.max_steps,
                                   resume_step=start_step)
     sigterm = checkpoints.SigtermFlag()
+    checkpoint_schedule = checkpoints.CheckpointSchedule(args.checkpoint_every, args.checkpoint_every_minutes)
     tokens_since_log = 0
 
     for step in range(start_step + 1, args.max_steps + 1):
@@ -323,7 +325,7 @@ def main(argv: list[str] | None = None) -> None:
             tokens_since_log = 0
 
         stop = sigterm.should_stop(learners)
-        if stop or (args.checkpoint_every and step % args.checkpoint_every == 0):
+        if stop or checkpoint_schedule.due(step, learners):
             extra = {"batch_order": batch_order.state_dict()}
             if ref_table is not None:
                 extra.update(ref_logps=ref_table, test_ref_logps=test_ref_table)

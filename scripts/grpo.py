@@ -379,7 +379,7 @@ def train(args, env: Environment, learners: distributed.Learners) -> bool:
 
     # ---- resume after a spot interruption: weights, optimizer, schedule, RNG and data position
     checkpointer = checkpoints.Checkpointer(args.checkpoint_dir or contract.default_checkpoint_dir(), learners,
-                                            keep=args.keep_checkpoints)
+                                            keep=args.keep_checkpoints, background=args.checkpoint_in_background)
     resumed = checkpointer.load_latest(model, optimizer, scheduler)
     start_step = 0
     if resumed is not None:
@@ -390,6 +390,7 @@ def train(args, env: Environment, learners: distributed.Learners) -> bool:
         generator.sync_weights(model)
     logger = metrics.MetricLogger(contract.output_data_dir() / "metrics.jsonl", learners, args.max_steps, start_step)
     sigterm = checkpoints.SigtermFlag()
+    checkpoint_schedule = checkpoints.CheckpointSchedule(args.checkpoint_every, args.checkpoint_every_minutes)
     log.info("GRPO: %d examples, %d prompts x %d completions per step, %d learner(s), steps %d..%d",
              len(examples), args.prompts_per_step, args.num_generations, learners.world_size, start_step + 1,
              args.max_steps)
@@ -513,9 +514,9 @@ def train(args, env: Environment, learners: distributed.Learners) -> bool:
         if step % args.log_every == 0 or step == args.max_steps:
             logger.log(step, line, tokens=int(token_total))
 
-        # ---- 7. checkpoints; on SIGTERM save and stop (the restarted job resumes here)
+        # ---- 7. checkpoints by steps/minutes; on SIGTERM save and stop (the restarted job resumes here)
         stop = sigterm.should_stop(learners)
-        if stop or (args.checkpoint_every and step % args.checkpoint_every == 0):
+        if stop or checkpoint_schedule.due(step, learners):
             checkpointer.save(step, model, optimizer, scheduler, extra={"batch_order": batch_order.state_dict()})
         if stop:
             log.warning("stopped after step %d on SIGTERM; a restarted job resumes from the checkpoint", step)

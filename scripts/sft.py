@@ -33,7 +33,9 @@ On SageMaker: ``entry_point="sft.py", source_dir="scripts"``, hyperparameters as
 as ``fit({"train": "s3://.../chat/"})`` and optionally the weights as channel ``model`` (a
 ``save_pretrained`` folder or a job's ``model.tar.gz``).
 Checkpoints go to ``--checkpoint_dir`` (``/opt/ml/checkpoints``) every ``--checkpoint_every``
-steps and on SIGTERM; a restarted job resumes from the newest one. The final model goes to
+steps and/or ``--checkpoint_every_minutes``, and on SIGTERM where it reaches the script (not in
+SageMaker's PyTorch/Hugging Face images: ``common/checkpoints.py``); a restarted job resumes from
+the newest one. The final model goes to
 ``SM_MODEL_DIR`` (LoRA merged), metrics to stdout and ``$SM_OUTPUT_DATA_DIR/metrics.jsonl``:
 ``loss lr grad_norm tokens epoch`` (+ ``eval_loss`` at the end and every ``--eval_every`` steps
 when a ``test`` channel is given).
@@ -245,7 +247,7 @@ def main(argv: list[str] | None = None) -> None:
     # Resume after a spot interruption or a restart, from the newest whole checkpoint.
     checkpoint_dir = args.checkpoint_dir or contract.default_checkpoint_dir()
     checkpointer = checkpoints.Checkpointer(checkpoint_dir, learners, keep=args.keep_checkpoints,
-                                            trainable_only=args.lora_r > 0)
+                                            trainable_only=args.lora_r > 0, background=args.checkpoint_in_background)
     resumed = checkpointer.load_latest(model, optimizer, scheduler)
     start_step = 0
     if resumed is not None:
@@ -254,6 +256,7 @@ def main(argv: list[str] | None = None) -> None:
     logger = metrics.MetricLogger(contract.output_data_dir() / "metrics.jsonl", learners, args.max_steps,
                                   resume_step=start_step)
     sigterm = checkpoints.SigtermFlag()
+    checkpoint_schedule = checkpoints.CheckpointSchedule(args.checkpoint_every, args.checkpoint_every_minutes)
     log.info("training steps %d..%d: %d conversations a step, %d micro-batches of %d on each of %d processes",
              start_step + 1, args.max_steps, args.batch_size, accumulation_steps, args.per_device_batch_size,
              learners.world_size)
@@ -297,7 +300,7 @@ def main(argv: list[str] | None = None) -> None:
             tokens_since_log = 0
 
         stop = sigterm.should_stop(learners)
-        if stop or (args.checkpoint_every and step % args.checkpoint_every == 0):
+        if stop or checkpoint_schedule.due(step, learners):
             checkpointer.save(step, model, optimizer, scheduler, extra={"batch_order": batch_order.state_dict()})
         if stop:
             log.warning("stopped by SIGTERM after step %d; the checkpoint resumes from here", step)

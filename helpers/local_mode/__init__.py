@@ -71,7 +71,7 @@ def deactivate() -> None:
     for job in list(runner.RUNNING.values()):
         job.stop()
     for job in list(runner.RUNNING.values()):
-        job.join(timeout=runner.STOP_GRACE_SECONDS + 10)
+        job.join(timeout=runner.stop_grace_seconds(True) + 10)
     if _active is not None:
         _active.stop()  # restores boto3.DEFAULT_SESSION as it was
         _active = None

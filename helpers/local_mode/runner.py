@@ -6,6 +6,19 @@ to disk, applies ``MetricDefinitions`` to each line, syncs checkpoints, and watc
 the first host that exits non-zero fails the job and the others are stopped (SIGTERM, then
 SIGKILL after a grace period), so a job never waits on a peer that died.
 
+Stopping a job (StopTrainingJob, MaxRuntime/MaxWait, a simulated Spot interruption) follows the
+image, as SageMaker does: it sends SIGTERM to the container's first process and SIGKILL 120 s
+later. In the PyTorch and Hugging Face images that process is ``bash -m
+start_with_right_hostname.sh``, which runs the toolkit as a child and traps nothing; the kernel
+drops a signal the first process of a PID namespace does not handle, so neither the toolkit
+(5.1.4 installs no SIGTERM handler either) nor torchrun nor the script ever sees it. Local mode
+therefore sends them nothing and kills every host's processes, at once by default: the script's
+view is SageMaker's (no notice, then SIGKILL), only the moment its work stops moves.
+For images whose entry point does pass SIGTERM to the script (``SAGEMAKER_LOCAL_SIGTERM_REACHES_SCRIPT``
+names them) local mode sends SIGTERM to the processes the toolkit started (the script, or torchrun,
+which passes it to its workers), lets the toolkit go on relaying their output, and sends SIGKILL
+after ``STOP_GRACE_SECONDS``. ``SAGEMAKER_LOCAL_STOP_GRACE_SECONDS`` sets the grace for both.
+
 One local job runs at a time on a machine: the toolkit fixes torchrun's port at 7777, so two
 jobs at once would collide. A machine-wide lock file serializes them (a waiting job shows
 ``Starting``), which is simpler and more robust than giving each job its own network namespace.
@@ -40,7 +53,10 @@ from .requirements_check import missing_requirements
 # (up to 90%). Local mode has no spot market: it applies this nominal 70% so that the "savings"
 # line reads like SageMaker's; every figure derived from it is simulated.
 NOMINAL_SPOT_DISCOUNT = 0.70
-STOP_GRACE_SECONDS = 10  # SIGTERM -> SIGKILL on stop, spot interruption, limits
+STOP_GRACE_SECONDS = 10  # SIGTERM -> SIGKILL on stop, spot interruption, limits (SageMaker: 120 s)
+SAGEMAKER_STOP_GRACE_SECONDS = 120  # StopTrainingJob: SIGTERM, then SIGKILL after this
+GRACE_VARIABLE = "SAGEMAKER_LOCAL_STOP_GRACE_SECONDS"
+SIGTERM_REACHES_SCRIPT_VARIABLE = "SAGEMAKER_LOCAL_SIGTERM_REACHES_SCRIPT"
 PEER_GRACE_SECONDS = 5  # SIGTERM -> SIGKILL for the hosts left after one failed
 CHECKPOINT_SYNC_SECONDS = 5
 MAX_LOG_EVENT_CHARS = 200_000  # CloudWatch Logs takes events up to 256 KB
@@ -64,6 +80,34 @@ def training_module_for(image: str) -> str | None:
     if "pytorch" in name or "huggingface" in name:
         return PYTORCH_TRAINING_MODULE
     return None
+
+
+def sigterm_reaches_script(image: str) -> bool:
+    """Whether the image's entry point passes SIGTERM on to the training script.
+
+    SageMaker's PyTorch and Hugging Face images do not (see the module docstring), nor does an
+    image whose init forwards the signal to the toolkit only: the toolkit has no handler, dies at
+    once and the container ends with it. ``SAGEMAKER_LOCAL_SIGTERM_REACHES_SCRIPT`` is a comma-separated
+    list of image names (repository parts, e.g. ``my-trainer``) whose entry point delivers SIGTERM
+    to the script's processes and keeps the toolkit alive while they finish (such as a toolkit
+    patched to forward it, under tini).
+    """
+    repository = image.rsplit("/", 1)[-1]
+    names = [n.strip() for n in os.environ.get(SIGTERM_REACHES_SCRIPT_VARIABLE, "").split(",") if n.strip()]
+    return any(name in repository for name in names)
+
+
+def stop_grace_seconds(reaches_script: bool) -> float:
+    """SIGTERM to SIGKILL. Where nothing in the container sees SIGTERM, waiting only moves the
+    moment the work stops, so local mode kills at once unless told otherwise."""
+    value = os.environ.get(GRACE_VARIABLE)
+    if value is not None:
+        try:
+            return max(0.0, float(value))
+        except ValueError:
+            raise ValueError(f"{GRACE_VARIABLE}={value!r} is not a number of seconds; "
+                             f"unset it or give e.g. {GRACE_VARIABLE}=10") from None
+    return float(STOP_GRACE_SECONDS) if reaches_script else 0.0
 
 
 class _Outcome(Exception):
@@ -474,19 +518,35 @@ class TrainingJob:
             if self._stop_requested():
                 reason = _Outcome("Stopped")
             elif self._spot_due():
-                self._say("simulated Spot interruption: SIGTERM to every host")
+                self._say("simulated Spot interruption")
                 reason = _Outcome("Interrupted")
             elif time.time() > runtime_deadline:
                 reason = _Outcome("MaxRuntimeExceeded")
             elif self.job.get("EnableManagedSpotTraining") and time.time() > wait_deadline:
                 reason = _Outcome("MaxWaitTimeExceeded")
             if reason is not None:
-                _terminate(processes, STOP_GRACE_SECONDS)
+                self._stop_as_the_image_would(processes)
                 return processes, pumps, reason
             if time.time() - last_sync > CHECKPOINT_SYNC_SECONDS:
                 self._sync_checkpoints(hosts)
                 last_sync = time.time()
             time.sleep(0.05)
+
+    def _stop_as_the_image_would(self, processes) -> None:
+        """SIGTERM where SageMaker sends it (the container's first process), then SIGKILL."""
+        image = self.job["AlgorithmSpecification"].get("TrainingImage", "")
+        reaches_script = sigterm_reaches_script(image)
+        grace = stop_grace_seconds(reaches_script)
+        kill = f"SIGKILL after {grace:g} s" if grace else "SIGKILL at once"
+        if reaches_script:
+            self._say(f"SIGTERM to the training processes ({SIGTERM_REACHES_SCRIPT_VARIABLE}: the image's entry "
+                      f"point passes it on); {kill} (SageMaker: after {SAGEMAKER_STOP_GRACE_SECONDS} s)")
+            _signal_training_processes(processes, signal.SIGTERM)
+        else:
+            self._say(f"SIGTERM to the container's first process, which passes it to nothing (PyTorch/Hugging Face "
+                      f"images: bash -m start_with_right_hostname.sh, no trap): the script gets no notice; {kill} "
+                      f"(SageMaker: after {SAGEMAKER_STOP_GRACE_SECONDS} s; {GRACE_VARIABLE} to wait here too)")
+        _kill_after(processes, grace)
 
     def _spot_due(self) -> bool:
         request = self._spot_request
@@ -606,8 +666,22 @@ def _gpu_count() -> int:
     return sum(line.startswith("GPU ") for line in out.splitlines())
 
 
-def _terminate(processes: list[subprocess.Popen], grace: float) -> None:
-    """SIGTERM every host's process tree, SIGKILL what is left after `grace` seconds."""
+def _signal_training_processes(processes, signum: int) -> None:
+    """Signal what each host's toolkit started (the script, or torchrun), not the toolkit itself."""
+    for process in processes:
+        try:
+            children = psutil.Process(process.pid).children(recursive=False)
+        except psutil.NoSuchProcess:
+            continue
+        for child in children:
+            try:
+                child.send_signal(signum)
+            except psutil.NoSuchProcess:
+                pass
+
+
+def _process_trees(processes) -> list[psutil.Process]:
+    """Every host's process and its descendants."""
     tree = []
     for process in processes:
         try:
@@ -615,6 +689,37 @@ def _terminate(processes: list[subprocess.Popen], grace: float) -> None:
             tree += [parent, *parent.children(recursive=True)]
         except psutil.NoSuchProcess:
             pass
+    return tree
+
+
+def _kill(tree: list[psutil.Process], processes) -> None:
+    """SIGKILL ``tree`` and the hosts' process groups, and reap the hosts."""
+    for member in tree:
+        try:
+            member.kill()
+        except psutil.NoSuchProcess:
+            pass
+    for process in processes:
+        try:
+            os.killpg(process.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        process.wait()
+
+
+def _kill_after(processes, grace: float) -> None:
+    """Wait up to ``grace`` seconds for every host's toolkit to exit, then SIGKILL whatever is left
+    of the hosts' processes: when its first process goes, a container ends with everything in it."""
+    tree = _process_trees(processes)  # taken first: a toolkit that exits leaves its children orphans
+    deadline = time.monotonic() + grace
+    while time.monotonic() < deadline and any(p.poll() is None for p in processes):
+        time.sleep(0.05)
+    _kill(tree + _process_trees(processes), processes)
+
+
+def _terminate(processes: list[subprocess.Popen], grace: float) -> None:
+    """SIGTERM every host's process tree, SIGKILL what is left after `grace` seconds."""
+    tree = _process_trees(processes)
     for process in processes:
         try:
             os.killpg(process.pid, signal.SIGTERM)
@@ -626,14 +731,4 @@ def _terminate(processes: list[subprocess.Popen], grace: float) -> None:
         except psutil.NoSuchProcess:
             pass
     _, alive = psutil.wait_procs(tree, timeout=grace)
-    for member in alive:
-        try:
-            member.kill()
-        except psutil.NoSuchProcess:
-            pass
-    for process in processes:
-        try:
-            os.killpg(process.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
-        process.wait()
+    _kill(alive, processes)

@@ -1,8 +1,7 @@
-"""Checkpoints that survive spot interruptions, and the SIGTERM flag that announces one.
+"""Checkpoints that bound what a spot interruption costs, and the SIGTERM flag.
 
 SageMaker syncs ``/opt/ml/checkpoints`` with ``checkpoint_s3_uri`` and, after a spot
-interruption, restarts the job with the same files in place. Before stopping an instance it
-sends SIGTERM; the loop then saves and exits cleanly. A checkpoint is a folder::
+interruption, restarts the job with the same files in place. A checkpoint is a folder::
 
     <checkpoint_dir>/step_00000120/
         model.pt       model state dict (full, unsharded; trainable parameters only with LoRA)
@@ -15,16 +14,34 @@ It is written under a temporary name and renamed when complete, so a folder name
 ``step_*`` with a matching manifest is whole. Loading walks from the newest and skips, with a
 warning, any folder whose manifest is missing, whose sizes disagree or that fails to load.
 
-With DDP rank 0 writes and the others wait; with FSDP2 every rank takes part in gathering
-the full state (``torch.distributed.checkpoint.state_dict``), rank 0 writes it, and on resume
-rank 0 reads it and broadcasts the shards.
+What bounds the loss is how often checkpoints are written: ``CheckpointSchedule`` saves every N
+steps and/or every M minutes (the time-based one bounds the loss in wall-clock time, whatever a
+step costs). With ``background=True`` the training state is copied (to CPU memory) and written by
+a thread while training goes on; the next save, or the end of the process, waits for it.
+
+The SIGTERM save does not run on SageMaker's PyTorch and Hugging Face images. Their entry point
+is ``bash -m start_with_right_hostname.sh``: bash is the container's first process, has no
+SIGTERM trap, and the kernel drops a signal that the first process of a PID namespace does not
+handle. Nothing reaches the toolkit, torchrun or the script; SIGKILL follows 120 s later.
+Nothing inside the job can change that: a wrapper as ``sagemaker_program``, the toolkit and
+torchrun (which would pass SIGTERM to its workers) all run under that bash and are never signalled.
+``SigtermFlag`` serves images whose entry point delivers SIGTERM to the script (and keeps the
+toolkit alive while the script saves) and runs by hand or under torchrun, which passes SIGTERM to
+its workers.
+
+With DDP rank 0 writes and the others wait (in the background: for its copy only); with FSDP2
+every rank takes part in gathering the full state (``torch.distributed.checkpoint.state_dict``),
+rank 0 writes it, and on resume rank 0 reads it and broadcasts the shards.
 
 API:
-    Checkpointer(directory, learners, keep=2, trainable_only=False)
+    Checkpointer(directory, learners, keep=2, trainable_only=False, background=False)
         .save(step, model, optimizer, scheduler=None, extra=None) -> Path | None
+        .wait()   until the background write (if any) is on disk; raises its error
         .load_latest(model, optimizer, scheduler=None) -> dict | None
               restores everything in place; returns {"step": int, "extra": dict} or None
         .complete_checkpoints() -> list[Path]  (newest last)
+    CheckpointSchedule(every_steps, every_minutes, clock=time.monotonic)
+        .due(step, learners) -> bool   agreed by every learner (call once per step)
     SigtermFlag()  install a SIGTERM handler; ``.received`` is set by the signal,
                    ``.should_stop(learners)`` agrees across learners (call once per step)
     seed_everything(seed), rng_state() / set_rng_state(state)
@@ -32,12 +49,14 @@ API:
 
 from __future__ import annotations
 
+import copy
 import json
 import logging
 import os
 import random
 import shutil
 import signal
+import threading
 import time
 from pathlib import Path
 
@@ -45,6 +64,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from common.contract import UserError
 from common.distributed import Learners, any_flag, barrier, is_fsdp, unwrap
 
 log = logging.getLogger("common")
@@ -82,24 +102,42 @@ def set_rng_state(state: dict) -> None:
 # --------------------------------------------------------------------------- model/optimizer state
 
 
-def _model_state(model, trainable_only: bool) -> dict:
-    if is_fsdp(model):  # collective: every rank calls it, rank 0 receives the full tensors
+def _model_state(model, trainable_only: bool, copy: bool) -> dict:
+    """The state to save, on CPU. ``copy``: tensors of their own, which training may not change
+    while a thread writes them (``.cpu()`` of a CPU tensor is the live tensor itself)."""
+    if is_fsdp(model):  # collective: every rank calls it, rank 0 receives new full tensors
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
         return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
     module = unwrap(model)
     if trainable_only:
-        return {name: p.detach().cpu() for name, p in module.named_parameters() if p.requires_grad}
-    return {name: t.detach().cpu() for name, t in module.state_dict().items()}
+        return {name: _to_cpu(p, copy) for name, p in module.named_parameters() if p.requires_grad}
+    return {name: _to_cpu(t, copy) for name, t in module.state_dict().items()}
 
 
-def _optimizer_state(model, optimizer) -> dict:
+def _optimizer_state(model, optimizer, copy: bool) -> dict:
     if is_fsdp(model):
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
 
         return get_optimizer_state_dict(model, optimizer,
                                         options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-    return optimizer.state_dict()
+    state = optimizer.state_dict()  # references the live moment estimates
+    return _copy_tensors(state) if copy else state
+
+
+def _to_cpu(tensor: torch.Tensor, copy: bool) -> torch.Tensor:
+    return tensor.detach().to("cpu", copy=copy)
+
+
+def _copy_tensors(value):
+    """``value`` with every tensor replaced by a CPU copy (dicts and lists walked)."""
+    if isinstance(value, torch.Tensor):
+        return _to_cpu(value, copy=True)
+    if isinstance(value, dict):
+        return {key: _copy_tensors(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(_copy_tensors(item) for item in value)
+    return value
 
 
 def _load_model_state(model, state: dict, trainable_only: bool) -> None:
@@ -144,12 +182,16 @@ def _fsync_save(obj, path: Path) -> None:
 class Checkpointer:
     """Saves and restores the full training state under ``directory`` (see the module docstring)."""
 
-    def __init__(self, directory: str | Path, learners: Learners, keep: int = 2, trainable_only: bool = False):
+    def __init__(self, directory: str | Path, learners: Learners, keep: int = 2, trainable_only: bool = False,
+                 background: bool = False):
         self.directory = Path(directory)
         self.learners = learners
         self.keep = max(1, keep)
         self.trainable_only = trainable_only
+        self.background = background
         self.last_saved_step: int | None = None
+        self._writer: threading.Thread | None = None
+        self._write_error: BaseException | None = None
         if learners.is_main:
             self.directory.mkdir(parents=True, exist_ok=True)
             for leftover in self.directory.glob(".tmp-*"):  # an earlier run died while writing
@@ -161,41 +203,71 @@ class Checkpointer:
     def save(self, step: int, model, optimizer, scheduler=None, extra: dict | None = None) -> Path | None:
         """Write a checkpoint of ``step`` (every rank must call it). Returns the folder on rank 0.
         A step this checkpointer has just saved is not written again (SIGTERM right after a
-        periodic save: the time before the instance goes is short)."""
+        periodic save: the time before the instance goes is short). In the background the folder
+        appears when the write is done; a write still running is waited for first."""
         if step == self.last_saved_step:
             return self.directory / f"{PREFIX}{step:08d}" if self.learners.is_main else None
+        self.wait()
         started = time.perf_counter()
         rng_states = _gather_objects(rng_state(), self.learners)
-        model_state = optimizer_state = None
-        if self.learners.is_main or is_fsdp(model):  # FSDP gathers with every rank; DDP replicas are equal
-            model_state = _model_state(model, self.trainable_only)
-            optimizer_state = _optimizer_state(model, optimizer)
         final = None
+        if self.learners.is_main or is_fsdp(model):  # FSDP gathers with every rank; DDP replicas are equal
+            model_state = _model_state(model, self.trainable_only, copy=self.background)
+            optimizer_state = _optimizer_state(model, optimizer, copy=self.background)
         if self.learners.is_main:
             final = self.directory / f"{PREFIX}{step:08d}"
-            staging = self.directory / f".tmp-{final.name}-{os.getpid()}"
-            shutil.rmtree(staging, ignore_errors=True)
-            staging.mkdir(parents=True)
-            _fsync_save(model_state, staging / "model.pt")
-            _fsync_save(optimizer_state, staging / "optimizer.pt")
-            _fsync_save({
+            state = {
                 "step": step,
-                "scheduler": scheduler.state_dict() if scheduler is not None else None,
+                "scheduler": copy.deepcopy(scheduler.state_dict()) if scheduler is not None else None,
                 "rng": rng_states,
                 "world_size": self.learners.world_size,
                 "extra": extra or {},
-            }, staging / "state.pt")
-            files = {p.name: p.stat().st_size for p in sorted(staging.iterdir())}
-            manifest = {"step": step, "files": files, "world_size": self.learners.world_size, "time": time.time()}
-            (staging / MANIFEST).write_text(json.dumps(manifest, indent=1))
-            if final.exists():  # a torn or older run's folder of the same step
-                shutil.rmtree(final)
-            os.replace(staging, final)
-            self._prune()
-            log.info("checkpoint step %d saved to %s in %.1fs", step, final, time.perf_counter() - started)
+            }
+            if self.background:
+                copied = time.perf_counter() - started
+                # Not a daemon: the interpreter waits for it before a clean exit (SIGTERM, last step).
+                self._writer = threading.Thread(target=self._write_in_background, name="checkpoint-writer",
+                                                args=(final, model_state, optimizer_state, state, started, copied))
+                self._writer.start()
+            else:
+                self._write(final, model_state, optimizer_state, state)
+                log.info("checkpoint step %d saved to %s in %.1fs", step, final, time.perf_counter() - started)
         barrier(self.learners)
         self.last_saved_step = step
         return final
+
+    def wait(self) -> None:
+        """Until the background write is on disk; its error, if it failed, is raised here."""
+        if self._writer is not None:
+            self._writer.join()
+            self._writer = None
+        if self._write_error is not None:
+            error, self._write_error = self._write_error, None
+            raise RuntimeError(f"writing a checkpoint under {self.directory} failed: {error!r}") from error
+
+    def _write_in_background(self, final: Path, model_state, optimizer_state, state, started, copied) -> None:
+        try:
+            self._write(final, model_state, optimizer_state, state)
+            log.info("checkpoint step %d saved to %s in %.1fs (training waited %.2fs for the copy)",
+                     state["step"], final, time.perf_counter() - started, copied)
+        except BaseException as error:  # noqa: BLE001 - reported by the next save or wait()
+            log.error("checkpoint step %d could not be written: %r", state["step"], error)
+            self._write_error = error
+
+    def _write(self, final: Path, model_state, optimizer_state, state: dict) -> None:
+        staging = self.directory / f".tmp-{final.name}-{os.getpid()}"
+        shutil.rmtree(staging, ignore_errors=True)
+        staging.mkdir(parents=True)
+        _fsync_save(model_state, staging / "model.pt")
+        _fsync_save(optimizer_state, staging / "optimizer.pt")
+        _fsync_save(state, staging / "state.pt")
+        files = {p.name: p.stat().st_size for p in sorted(staging.iterdir())}
+        manifest = {"step": state["step"], "files": files, "world_size": state["world_size"], "time": time.time()}
+        (staging / MANIFEST).write_text(json.dumps(manifest, indent=1))
+        if final.exists():  # a torn or older run's folder of the same step
+            shutil.rmtree(final)
+        os.replace(staging, final)
+        self._prune()
 
     def _prune(self) -> None:
         """Keep the newest ``keep`` whole checkpoints; drop older ones and torn ones older than the newest."""
@@ -270,12 +342,47 @@ class Checkpointer:
         return None
 
 
+# --------------------------------------------------------------------------- when to save
+
+
+class CheckpointSchedule:
+    """When the loop saves: every ``every_steps`` steps and/or once ``every_minutes`` have passed
+    since the last save (or the start); 0 turns either off. Time bounds the loss in wall-clock
+    terms, which is what an interruption costs, whatever a step takes.
+
+    ``due`` is called once per step by every learner; with the time-based rule on, the learners
+    agree through one all-reduce (their clocks are not read at the same instant).
+    """
+
+    def __init__(self, every_steps: int = 0, every_minutes: float = 0.0, clock=time.monotonic):
+        if every_steps < 0 or every_minutes < 0:
+            raise UserError(f"--checkpoint_every ({every_steps}) and --checkpoint_every_minutes ({every_minutes}) "
+                            "cannot be negative; 0 turns either off.")
+        self.every_steps = every_steps
+        self.every_seconds = every_minutes * 60.0
+        self.clock = clock
+        self.last_save = clock()
+
+    def due(self, step: int, learners: Learners) -> bool:
+        by_steps = bool(self.every_steps) and step % self.every_steps == 0
+        by_time = False
+        if self.every_seconds:
+            by_time = any_flag(self.clock() - self.last_save >= self.every_seconds, learners)
+        if by_steps or by_time:
+            self.last_save = self.clock()
+        return by_steps or by_time
+
+
 # --------------------------------------------------------------------------- SIGTERM
 
 
 class SigtermFlag:
-    """SageMaker sends SIGTERM before it stops a (spot) instance; the handler only sets a flag,
-    and the training loop checks it once per step, saves a checkpoint and exits cleanly."""
+    """Set by SIGTERM; the loop checks it once per step, saves and exits cleanly.
+
+    It fires only where SIGTERM reaches the script: by hand, under torchrun (which passes it to its
+    workers), or in an image whose entry point delivers it to the script and keeps the toolkit
+    alive. SageMaker's PyTorch and Hugging Face images drop it (see the module docstring), so
+    there the schedule's checkpoints are what a restarted job resumes from."""
 
     def __init__(self):
         self.received = False

@@ -22,7 +22,8 @@ API:
                                 listing the valid ones; ``parse(argv=None)`` merges ``SM_HPS``
     str2bool                    argparse type accepting SageMaker's "True"/"False"
     add_common_arguments(p)     --model_name_or_path --max_steps --seed --learning_rate
-                                --checkpoint_every --keep_checkpoints --checkpoint_dir
+                                --checkpoint_every --checkpoint_every_minutes --checkpoint_in_background
+                                --keep_checkpoints --checkpoint_dir
                                 --strategy --log_every
     channel_file(name, file)    path of ``<file>`` in channel ``name`` (clear error when missing)
     has_channel(name)           whether channel ``name`` was given
@@ -227,7 +228,13 @@ def add_common_arguments(parser: argparse.ArgumentParser, *, model: str, learnin
     parser.add_argument("--seed", type=int, default=42, help="seed for data order and initialisation (default: %(default)s)")
     parser.add_argument("--learning_rate", type=float, default=learning_rate, help="peak learning rate (default: %(default)s)")
     parser.add_argument("--checkpoint_every", type=int, default=50,
-                        help="save a resumable checkpoint every N steps; 0 = only on SIGTERM (default: %(default)s)")
+                        help="save a resumable checkpoint every N steps; 0 = not by steps (default: %(default)s)")
+    parser.add_argument("--checkpoint_every_minutes", type=float, default=0.0,
+                        help="also save once this many minutes have passed since the last save: bounds what a spot "
+                             "interruption costs in time; 0 = not by time (default: %(default)s)")
+    parser.add_argument("--checkpoint_in_background", type=str2bool, default=False,
+                        help="copy the state to CPU memory and write it in a thread while training goes on "
+                             "(default: %(default)s)")
     parser.add_argument("--keep_checkpoints", type=int, default=2, help="how many recent checkpoints to keep (default: %(default)s)")
     parser.add_argument("--checkpoint_dir", default=None,
                         help="where checkpoints go and are resumed from (default: /opt/ml/checkpoints under "

@@ -1,10 +1,18 @@
-"""Training jobs in local mode, driven only through the SageMaker SDK's and boto3's public APIs."""
+"""Training jobs in local mode, driven only through the SageMaker SDK's and boto3's public APIs.
+
+Spot interruptions are delivered as the image would deliver them. In SageMaker's PyTorch image the
+SIGTERM goes to ``bash -m start_with_right_hostname.sh``, which drops it: the script only ever sees
+SIGKILL, and the job resumes from its last periodic checkpoint. An image whose entry point passes
+SIGTERM on (named in ``SAGEMAKER_LOCAL_SIGTERM_REACHES_SCRIPT``) lets the script save the step it is in.
+"""
 
 from __future__ import annotations
 
 import io
 import json
+import re
 import tarfile
+from pathlib import Path
 
 import boto3
 import pytest
@@ -17,6 +25,7 @@ from sagemaker.pytorch import PyTorch
 
 pytestmark = pytest.mark.timeout(240)
 
+SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
 STEP_METRICS = [{"Name": "loss", "Regex": r"\bloss=(-?[0-9.]+(?:[eE][-+]?[0-9]+)?)"}]
 
 
@@ -293,3 +302,99 @@ def test_max_runtime_stops_the_job(local_session, role, fixture_code):
     assert description["TrainingJobStatus"] == "Stopped"
     assert description["SecondaryStatus"] == "MaxRuntimeExceeded"
     assert description["TrainingTimeInSeconds"] < 30
+
+
+LOG_GROUP = "/aws/sagemaker/TrainingJobs"
+CUSTOM_IMAGE = "123456789012.dkr.ecr.us-east-1.amazonaws.com/my-trainer:latest"
+
+
+def job_log(session, job_name: str) -> list[str]:
+    """Every line the job's hosts printed, across its attempts, in order."""
+    logs = session.boto_session.client("logs")
+    streams = logs.describe_log_streams(logGroupName=LOG_GROUP, logStreamNamePrefix=job_name)["logStreams"]
+    lines = []
+    for stream in streams:
+        events = logs.get_log_events(logGroupName=LOG_GROUP, logStreamName=stream["logStreamName"],
+                                     startFromHead=True)["events"]
+        lines += [e["message"] for e in events]
+    return lines
+
+
+def split_attempts(lines: list[str], resumed_marker: str) -> tuple[list[str], list[str]]:
+    """The lines before the restarted script's first resume line, and from it on."""
+    at = next(i for i, line in enumerate(lines) if resumed_marker in line)
+    return lines[:at], lines[at:]
+
+
+def steps_in(lines: list[str]) -> list[int]:
+    return [int(m.group(1)) for line in lines for m in [re.match(r"step=(\d+) ", line)] if m]
+
+
+def test_pytorch_image_interruption_never_reaches_the_script(local_session, role, fixture_code):
+    """The faithful path: no SIGTERM in the script, the job resumes from its last periodic
+    checkpoint, and the steps after it are lost (computed again), not the whole run."""
+    from helpers.local_mode import simulate_spot_interruption
+
+    every = 3
+    estimator = pytorch(
+        local_session, role, fixture_code,
+        hyperparameters={"steps": 12, "step_seconds": 0.3, "checkpoint_every": every},
+        use_spot_instances=True, max_run=300, max_wait=600,
+        checkpoint_s3_uri=f"s3://{local_session.default_bucket()}/spot-dlc/checkpoints",
+    )  # fmt: skip
+    estimator.fit(wait=False)
+    name = estimator.latest_training_job.name
+    simulate_spot_interruption(name, after_step=5)
+    description = local_session.wait_for_job(name)
+    assert description["TrainingJobStatus"] == "Completed"
+    assert "Interrupted" in [t["Status"] for t in description["SecondaryStatusTransitions"]]
+
+    lines = job_log(local_session, name)
+    assert not any("SIGTERM received" in line for line in lines), "the PyTorch image drops SIGTERM"
+    first, second = split_attempts(lines, "resumed from step")
+    last_before = max(steps_in(first))
+    resumed = json.loads(read_model(local_session, estimator.model_data)["result.json"])["resumed_from"]
+    assert resumed > 0, "the job started over instead of resuming from its checkpoint"
+    assert last_before >= 5 and resumed == every * (last_before // every)  # the newest periodic checkpoint
+    lost = last_before - resumed
+    assert lost == last_before % every
+    assert second[0] == f"resumed from step {resumed}"
+    assert steps_in(second) == list(range(resumed + 1, 13))  # the lost steps, and only they, run again
+
+
+def test_image_that_passes_sigterm_on_gets_the_scripts_save(local_session, role, monkeypatch, tmp_path,
+                                                            tiny_model_path, offline_data):
+    """sft.py with only the SIGTERM save (no periodic checkpoint): in an image whose entry point
+    delivers SIGTERM to the script, it saves the step it is in, and the job resumes from exactly it."""
+    from helpers.local_mode import simulate_spot_interruption
+
+    monkeypatch.setenv("SAGEMAKER_LOCAL_SIGTERM_REACHES_SCRIPT", "my-trainer")
+    monkeypatch.setenv("SAGEMAKER_LOCAL_STOP_GRACE_SECONDS", "60")  # a loaded machine: ends when the script does
+    model_uri = local_session.upload_data(str(tiny_model_path), key_prefix="spot-custom/model")
+    train_uri = local_session.upload_data(str(offline_data["chat"]), key_prefix="spot-custom/chat")
+    estimator = Estimator(
+        image_uri=CUSTOM_IMAGE, entry_point="sft.py", source_dir=str(SCRIPTS), role=role,
+        instance_type="ml.g5.xlarge", instance_count=1, sagemaker_session=local_session,
+        hyperparameters={"max_steps": 40, "batch_size": 4, "per_device_batch_size": 2, "checkpoint_every": 0,
+                         "log_every": 1},
+        environment={"HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"},
+        use_spot_instances=True, max_run=600, max_wait=1200,
+        checkpoint_s3_uri=f"s3://{local_session.default_bucket()}/spot-custom/checkpoints",
+    )  # fmt: skip
+    estimator.fit({"train": TrainingInput(train_uri), "model": TrainingInput(model_uri)}, wait=False)
+    name = estimator.latest_training_job.name
+    simulate_spot_interruption(name, after_step=3)
+    description = local_session.wait_for_job(name)
+    assert description["TrainingJobStatus"] == "Completed", description.get("FailureReason")
+
+    lines = job_log(local_session, name)
+    first, second = split_attempts(lines, "resumed from")
+    assert any("SIGTERM received" in line for line in first)
+    stopped = [int(m.group(1)) for line in first for m in [re.search(r"stopped by SIGTERM after step (\d+)", line)]
+               if m]
+    assert len(stopped) == 1 and stopped[0] >= 3
+    interrupted = max(steps_in(first))
+    assert stopped[0] == interrupted  # it stopped at the end of the step it was in, and saved that one
+    assert re.search(rf"\(step {interrupted}\)", second[0]), second[0]  # the resume step is the interrupted one
+    assert steps_in(second) == list(range(interrupted + 1, 41))  # nothing lost, nothing redone
+    assert "model.safetensors" in read_model(local_session, estimator.model_data)

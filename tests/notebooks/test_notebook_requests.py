@@ -86,7 +86,7 @@ CLOUD = {
                options={"max_steps": 100, "prompts_per_step": 32, "num_generations": 8}),
     "05": dict(image=PYTORCH_IMAGE, instance_type="ml.p5.48xlarge", count=1, spot=True, isolation=False,
                torchrun=True, checkpoint=True, max_run=8 * 3600, max_wait=16 * 3600, program="grpo.py",
-               options={"max_steps": 200, "checkpoint_every": 20}),
+               options={"max_steps": 200, "checkpoint_every": 0, "checkpoint_every_minutes": 10}),
     "06": dict(image=PYTORCH_IMAGE, instance_type="ml.g5.2xlarge", count=1, spot=False, isolation=False,
                torchrun=False, checkpoint=False, max_run=3600, program="evaluate.py",
                options={"max_examples": 500, "environment": "gsm8k"}),

@@ -141,3 +141,70 @@ def test_checkpoints_under_two_processes_ddp_and_fsdp(tmp_path):
     for strategy in ("ddp", "fsdp"):
         for rank in (0, 1):
             assert f"rank {rank} {strategy}: resumed run equals uninterrupted run" in result.stdout
+
+
+def test_background_save_writes_the_state_of_its_step_while_training_goes_on(tmp_path):
+    """The thread writes a copy: the steps taken while it writes do not leak into the checkpoint,
+    and it restores bit for bit like a synchronous save of the same step."""
+    from common.checkpoints import Checkpointer
+    from common.distributed import single_learner
+
+    learners = single_learner("cpu")
+    model, optimizer, scheduler = _training_state()
+    for _ in range(3):
+        _step(model, optimizer, scheduler)
+    at_step_3 = {name: t.clone() for name, t in model.state_dict().items()}
+    moments_at_3 = optimizer.state_dict()["state"][0]["exp_avg"].clone()
+    background = Checkpointer(tmp_path / "background", learners, background=True)
+    background.save(3, model, optimizer, scheduler)
+    Checkpointer(tmp_path / "synchronous", learners).save(3, model, optimizer, scheduler)
+    for _ in range(2):  # in place on the live tensors, while the thread may still be writing
+        _step(model, optimizer, scheduler)
+    background.wait()
+
+    for folder in ("background", "synchronous"):
+        fresh, fresh_optimizer, fresh_scheduler = _training_state(seed=5)
+        resumed = Checkpointer(tmp_path / folder, learners).load_latest(fresh, fresh_optimizer, fresh_scheduler)
+        assert resumed["step"] == 3 and fresh_scheduler.last_epoch == 3
+        for name, tensor in fresh.state_dict().items():
+            assert torch.equal(tensor, at_step_3[name]), (folder, name)
+        assert torch.equal(fresh_optimizer.state_dict()["state"][0]["exp_avg"], moments_at_3)
+
+    # A failed write is not silent: the next save (or wait) raises it.
+    failing = Checkpointer(tmp_path / "failing", learners, background=True)
+    failing.directory = tmp_path / "a-file"  # where the folder should be, a file: the write fails
+    failing.directory.write_text("")
+    failing.save(4, model, optimizer, scheduler)
+    with pytest.raises(RuntimeError, match="writing a checkpoint"):
+        failing.wait()
+
+
+def test_time_based_schedule_with_a_fake_clock():
+    from common.checkpoints import CheckpointSchedule
+    from common.contract import UserError
+    from common.distributed import single_learner
+
+    learners = single_learner("cpu")
+    now = [1000.0]
+    schedule = CheckpointSchedule(every_steps=0, every_minutes=10, clock=lambda: now[0])
+    seconds_per_step = 170.0  # a slow step: ten minutes is between the 3rd and 4th step
+    due = []
+    for step in range(1, 13):
+        now[0] += seconds_per_step
+        if schedule.due(step, learners):
+            due.append(step)
+    assert due == [4, 8, 12]  # 680 s, 1360 s, 2040 s: the first step past each 10 minutes since the last save
+    # Whatever an interruption hits, it loses less than the interval plus one step.
+    assert max(b - a for a, b in zip([0, *due], due, strict=False)) * seconds_per_step < 600 + seconds_per_step
+
+    both = CheckpointSchedule(every_steps=5, every_minutes=1, clock=lambda: now[0])
+    now[0] += 30
+    assert not both.due(1, learners)
+    assert both.due(5, learners)  # by steps; the clock starts again from this save
+    now[0] += 59
+    assert not both.due(6, learners)
+    now[0] += 1
+    assert both.due(7, learners)  # by time
+    assert [s for s in range(1, 30) if CheckpointSchedule(0, 0).due(s, learners)] == []  # both off
+    with pytest.raises(UserError, match="--checkpoint_every_minutes"):
+        CheckpointSchedule(every_steps=1, every_minutes=-1)

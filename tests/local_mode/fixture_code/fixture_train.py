@@ -1,7 +1,9 @@
 """A small entry point that exercises the SageMaker container contract in local-mode tests.
 
---mode steps      a resumable loop: one `step=<n> loss=<x>` line per step, a checkpoint per step
-                  in /opt/ml/checkpoints, the data line count and the final step in the model dir
+--mode steps      a resumable loop: one `step=<n> loss=<x>` line per step, a checkpoint every
+                  --checkpoint_every steps in /opt/ml/checkpoints (written before the step's line),
+                  the data line count, the final step and the resume step in the model dir; on
+                  SIGTERM it saves the step it is in and exits 0 (where the signal reaches it)
 --mode allreduce  torch.distributed (gloo) all-reduce of rank+1 over every process
 --mode fail       writes a failure reason and exits 1 (on the host given by --fail_host)
 """
@@ -18,6 +20,7 @@ parser.add_argument("--mode", default="steps")
 parser.add_argument("--steps", type=int, default=3)
 parser.add_argument("--step_seconds", type=float, default=0.0)
 parser.add_argument("--fail_host", default="")
+parser.add_argument("--checkpoint_every", type=int, default=1)
 args = parser.parse_args()
 
 print(f"fixture started mode={args.mode} host={os.environ.get('SM_CURRENT_HOST')}", flush=True)
@@ -27,7 +30,8 @@ checkpoint_dir = os.path.join(base_dir, "checkpoints")
 failure_file = os.path.join(os.environ["SM_OUTPUT_DIR"], "failure")
 
 if args.mode == "steps":
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # a checkpoint already exists for every step
+    sigterm = []
+    signal.signal(signal.SIGTERM, lambda *_: sigterm.append(time.time()))
     state_file = os.path.join(checkpoint_dir, "state.json")
     start = 0
     if os.path.exists(state_file):
@@ -39,10 +43,14 @@ if args.mode == "steps":
             rows = sum(1 for _ in f)
     for step in range(start + 1, args.steps + 1):
         time.sleep(args.step_seconds)
-        with open(state_file + ".tmp", "w") as f:
-            json.dump({"step": step}, f)
-        os.replace(state_file + ".tmp", state_file)
+        if sigterm or step % args.checkpoint_every == 0:
+            with open(state_file + ".tmp", "w") as f:
+                json.dump({"step": step}, f)
+            os.replace(state_file + ".tmp", state_file)
         print(f"step={step} loss={1.0 / step:.4f}", flush=True)
+        if sigterm:
+            print(f"SIGTERM received: saved step {step}, exiting", flush=True)
+            sys.exit(0)
     with open(os.path.join(model_dir, "result.json"), "w") as f:
         json.dump({"final_step": args.steps, "resumed_from": start, "rows": rows}, f)
     os.makedirs(os.environ["SM_OUTPUT_DATA_DIR"], exist_ok=True)
