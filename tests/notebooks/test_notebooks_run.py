@@ -176,3 +176,102 @@ def test_executed_notebooks_have_no_errors_and_show_plots(notebook_run):
         assert not [o for o in outputs if o.get("output_type") == "error"], path.name
         if path.name[:2] in ("01", "02", "03", "05", "06"):
             assert any("image/png" in o.get("data", {}) for o in outputs), f"{path.name} shows no plot"
+
+
+def _curve(notebook_run, prefix: str, metric: str) -> list[float]:
+    (job,) = notebook_run.jobs(prefix)
+    values = [r[metric] for r in merge_by_step(_metrics_records(notebook_run, job)) if metric in r]
+    assert values, f"{job['job_name']} logged no {metric}"
+    return values
+
+
+def _ends(values: list[float]) -> tuple[float, float]:
+    """Mean of the first and of the last quarter of a curve."""
+    k = max(1, len(values) // 4)
+    return sum(values[:k]) / k, sum(values[-k:]) / k
+
+
+def test_sft_loss_falls(notebook_run):
+    first, last = _ends(_curve(notebook_run, "01", "loss"))
+    assert last < 0.4 * first, (first, last)
+
+
+def test_dpo_learns_to_prefer_the_chosen_answers(notebook_run):
+    accuracies, margins = _curve(notebook_run, "02", "rewards_accuracies"), _curve(notebook_run, "02", "rewards_margins")
+    assert len(accuracies) == run_notebooks.CI_PARAMETERS["02"]["max_steps"]
+    assert _ends(accuracies)[1] > _ends(accuracies)[0] + 0.3, accuracies
+    assert _ends(margins)[1] > _ends(margins)[0] + 0.1, margins
+
+
+@pytest.mark.parametrize("prefix", ["03", "05"])
+def test_grpo_reward_starts_above_zero_and_rises(notebook_run, prefix):
+    rewards = _curve(notebook_run, prefix, "reward")
+    assert len(rewards) == run_notebooks.CI_PARAMETERS[prefix]["max_steps"]
+    first, last = _ends(rewards)
+    assert first > 0.0, rewards  # the SFT model already earns some reward: the policy gets a gradient at once
+    assert last > first + 0.1, rewards
+    zero_std = _curve(notebook_run, prefix, "frac_reward_zero_std")
+    assert sum(zero_std) / len(zero_std) < 0.75 and min(zero_std) < 1.0, zero_std
+    assert max(_curve(notebook_run, prefix, "grad_norm")) > 0.0
+
+
+def test_code_rl_writes_programs_more_often(notebook_run):
+    first, last = _ends(_curve(notebook_run, "04", "no_code_rate"))
+    assert last < first - 0.2, (first, last)
+
+
+def test_held_out_accuracy_rises_with_the_same_checker(notebook_run):
+    evaluation = notebook_run.state["evaluation"]
+    assert evaluation["trained"]["n"] == evaluation["base"]["n"] == run_notebooks.CI_PARAMETERS["06"]["max_eval_examples"]
+    assert evaluation["trained"]["accuracy"] > evaluation["base"]["accuracy"] + 0.1, evaluation
+
+
+def test_summary_says_what_each_curve_shows(notebook_run):
+    text = (notebook_run.out / "summary.md").read_text()
+    assert "What the curves show" in text
+    shown = {(c["notebook"][:2], c["metric"]) for c in notebook_run.summary["curves"]}
+    assert {("01", "loss"), ("02", "rewards_accuracies"), ("03", "reward"), ("04", "no_code_rate"),
+            ("05", "reward")} <= shown
+
+
+def _curve(notebook_run, prefix: str, metric: str) -> dict:
+    matches = [c for c in notebook_run.summary["curves"] if c["notebook"].startswith(prefix) and c["metric"] == metric]
+    assert len(matches) == 1, f"{prefix} {metric}: {matches}"
+    return matches[0]
+
+
+@pytest.mark.parametrize("prefix,metric", [("01", "loss"), ("02", "loss")])
+def test_loss_falls(notebook_run, prefix, metric):
+    curve = _curve(notebook_run, prefix, metric)
+    assert curve["last"] < curve["first"], curve
+
+
+@pytest.mark.parametrize("prefix,metric", [("02", "rewards_accuracies"), ("02", "rewards_margins"),
+                                           ("03", "reward"), ("05", "reward")])
+def test_reward_rises(notebook_run, prefix, metric):
+    curve = _curve(notebook_run, prefix, metric)
+    assert curve["last"] > curve["first"], curve
+
+
+@pytest.mark.parametrize("prefix", ["03", "05"])
+def test_grpo_gets_a_signal_from_its_first_steps(notebook_run, prefix):
+    # reward above zero from the start, and groups whose rewards differ: the policy gets a gradient
+    assert _curve(notebook_run, prefix, "reward")["first"] > 0
+    assert _curve(notebook_run, prefix, "frac_reward_zero_std")["last"] < 1
+
+
+def test_code_rl_writes_programs_more_often(notebook_run):
+    curve = _curve(notebook_run, "04", "no_code_rate")
+    assert curve["last"] < curve["first"], curve
+
+
+def test_held_out_accuracy_rises(notebook_run):
+    evaluation = notebook_run.state["evaluation"]
+    assert evaluation["trained"]["accuracy"] > evaluation["base"]["accuracy"], evaluation
+
+
+def test_summary_says_what_each_curve_shows(notebook_run):
+    text = (notebook_run.out / "summary.md").read_text()
+    assert "What the curves show" in text
+    for curve in notebook_run.summary["curves"]:
+        assert f"{curve['notebook']}: {curve['metric']}" in text
