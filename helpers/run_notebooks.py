@@ -33,15 +33,15 @@ NOTEBOOK_DIR = REPO / "notebooks"
 # its pairs; GRPO and code RL start from the SFT model with a format reward, so their reward is
 # above zero from the first step; the spot job resumes the same GRPO run.
 CI_COMMON = {"run_mode": "local"}
-GRPO_CI = {"start_from": "sft", "learning_rate": 1e-3, "format_reward_weight": 0.5, "max_steps": 12, "batch_size": 4,
+GRPO_CI = {"start_from": "sft", "learning_rate": 1e-3, "format_reward_weight": 0.5, "max_steps": 16, "batch_size": 4,
            "num_generations": 8, "micro_batch_size": 32, "max_new_tokens": 20}
 CI_PARAMETERS = {
     "00": {"model_id": "tiny", "data_source": "offline", "n_train": 64, "n_test": 32},
-    "01": {"max_steps": 60, "batch_size": 8, "per_device_batch_size": 4, "max_length": 128, "learning_rate": 5e-3},
-    "02": {"max_steps": 12, "batch_size": 8, "per_device_batch_size": 8, "max_prompt_length": 64, "max_length": 128,
-           "learning_rate": 2e-3},
+    "01": {"max_steps": 80, "batch_size": 8, "per_device_batch_size": 4, "max_length": 128, "learning_rate": 5e-3},
+    "02": {"max_steps": 20, "batch_size": 8, "per_device_batch_size": 8, "max_prompt_length": 64, "max_length": 128,
+           "learning_rate": 1e-3},
     "03": GRPO_CI,
-    "04": {"start_from": "sft", "learning_rate": 1e-3, "format_reward_weight": 0.5, "max_steps": 10, "batch_size": 4,
+    "04": {"start_from": "sft", "learning_rate": 1e-3, "format_reward_weight": 0.5, "max_steps": 12, "batch_size": 4,
            "num_generations": 4, "micro_batch_size": 16, "max_new_tokens": 40},
     "05": {**GRPO_CI, "checkpoint_every": 4, "interrupt_after_step": 8},
     "06": {"max_eval_examples": 32, "max_new_tokens": 20},

@@ -193,14 +193,14 @@ def _ends(values: list[float]) -> tuple[float, float]:
 
 def test_sft_loss_falls(notebook_run):
     first, last = _ends(_curve(notebook_run, "01", "loss"))
-    assert last < 0.4 * first, (first, last)
+    assert last < 0.5 * first, (first, last)
 
 
 def test_dpo_learns_to_prefer_the_chosen_answers(notebook_run):
     accuracies, margins = _curve(notebook_run, "02", "rewards_accuracies"), _curve(notebook_run, "02", "rewards_margins")
     assert len(accuracies) == run_notebooks.CI_PARAMETERS["02"]["max_steps"]
-    assert _ends(accuracies)[1] > _ends(accuracies)[0] + 0.3, accuracies
-    assert _ends(margins)[1] > _ends(margins)[0] + 0.1, margins
+    assert _ends(accuracies)[1] > _ends(accuracies)[0] + 0.2, accuracies
+    assert _ends(margins)[1] > _ends(margins)[0] + 0.05, margins
 
 
 @pytest.mark.parametrize("prefix", ["03", "05"])
@@ -233,45 +233,3 @@ def test_summary_says_what_each_curve_shows(notebook_run):
     assert {("01", "loss"), ("02", "rewards_accuracies"), ("03", "reward"), ("04", "no_code_rate"),
             ("05", "reward")} <= shown
 
-
-def _curve(notebook_run, prefix: str, metric: str) -> dict:
-    matches = [c for c in notebook_run.summary["curves"] if c["notebook"].startswith(prefix) and c["metric"] == metric]
-    assert len(matches) == 1, f"{prefix} {metric}: {matches}"
-    return matches[0]
-
-
-@pytest.mark.parametrize("prefix,metric", [("01", "loss"), ("02", "loss")])
-def test_loss_falls(notebook_run, prefix, metric):
-    curve = _curve(notebook_run, prefix, metric)
-    assert curve["last"] < curve["first"], curve
-
-
-@pytest.mark.parametrize("prefix,metric", [("02", "rewards_accuracies"), ("02", "rewards_margins"),
-                                           ("03", "reward"), ("05", "reward")])
-def test_reward_rises(notebook_run, prefix, metric):
-    curve = _curve(notebook_run, prefix, metric)
-    assert curve["last"] > curve["first"], curve
-
-
-@pytest.mark.parametrize("prefix", ["03", "05"])
-def test_grpo_gets_a_signal_from_its_first_steps(notebook_run, prefix):
-    # reward above zero from the start, and groups whose rewards differ: the policy gets a gradient
-    assert _curve(notebook_run, prefix, "reward")["first"] > 0
-    assert _curve(notebook_run, prefix, "frac_reward_zero_std")["last"] < 1
-
-
-def test_code_rl_writes_programs_more_often(notebook_run):
-    curve = _curve(notebook_run, "04", "no_code_rate")
-    assert curve["last"] < curve["first"], curve
-
-
-def test_held_out_accuracy_rises(notebook_run):
-    evaluation = notebook_run.state["evaluation"]
-    assert evaluation["trained"]["accuracy"] > evaluation["base"]["accuracy"], evaluation
-
-
-def test_summary_says_what_each_curve_shows(notebook_run):
-    text = (notebook_run.out / "summary.md").read_text()
-    assert "What the curves show" in text
-    for curve in notebook_run.summary["curves"]:
-        assert f"{curve['notebook']}: {curve['metric']}" in text
