@@ -185,7 +185,8 @@ def learning_curves(state: dict, out: Path) -> list[dict]:
     """For each training job: what its curve did, first quarter of the steps against the last."""
     curves = []
     for job in state.get("jobs", []):
-        program = json.loads(job.get("request", {}).get("HyperParameters", {}).get("sagemaker_program", '""'))
+        # JSON text from the SDK's estimators, plain text from Session.train
+        program = job.get("request", {}).get("HyperParameters", {}).get("sagemaker_program", "").strip('"')
         if program not in CURVES or job.get("status") != "Completed":
             continue
         records = job_metrics(out, job)
