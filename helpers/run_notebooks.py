@@ -151,25 +151,17 @@ def _failing_cell(executed: Path, exec_count) -> str:
 
 
 def job_metrics(out: Path, job: dict) -> list[dict]:
-    """A finished job's metrics.jsonl, one record per step, read from its output.tar.gz in local
-    mode's S3 mirror (s3://<bucket>/<key> is <out>/sagemaker-local/s3/<bucket>/<key>)."""
-    import tarfile
+    """A job's metric lines, one record per step, read from its log streams in local mode's
+    CloudWatch Logs mirror (``<out>/sagemaker-local/logs/<job>/<stream>.jsonl``). The log keeps
+    every attempt of a job that was interrupted and resumed, where its output.tar.gz holds the
+    last attempt's metrics only; steps run twice keep the later values."""
+    from helpers.metrics import merge_by_step, parse_metric_lines
 
-    from helpers.artifacts import split_s3
-    from helpers.metrics import merge_by_step
-
-    if not job.get("model_data"):
-        return []
-    bucket, key = split_s3(job["model_data"].replace("model.tar.gz", "output.tar.gz"))
-    archive_path = out / "sagemaker-local" / "s3" / bucket / key
-    if not archive_path.is_file():
-        return []
-    with tarfile.open(archive_path) as archive:
-        member = next((m for m in archive.getmembers() if m.name.lstrip("./") == "metrics.jsonl"), None)
-        if member is None:
-            return []
-        lines = archive.extractfile(member).read().decode().splitlines()
-    return merge_by_step([json.loads(line) for line in lines if line.strip()])
+    events = []
+    for stream in sorted((out / "sagemaker-local" / "logs" / job["job_name"]).glob("*.jsonl")):
+        events += [json.loads(line) for line in stream.read_text().splitlines() if line.strip()]
+    events.sort(key=lambda event: event.get("t", 0))
+    return merge_by_step(parse_metric_lines(event.get("m", "") for event in events))
 
 
 def curve_ends(records: list[dict], metric: str) -> tuple[float, float] | None:

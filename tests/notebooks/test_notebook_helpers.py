@@ -377,20 +377,15 @@ def test_starting_model_is_the_staged_base_or_the_sft_artifact(tmp_path):
 
 
 def test_summary_says_what_each_curve_did(tmp_path):
-    import io
-    import tarfile
-
     from helpers import run_notebooks
 
-    lines = [{"step": s, "reward": r, "frac_reward_zero_std": 0.5} for s, r in enumerate([0.1, 0.2, 0.3, 0.6, 0.7, 0.9], 1)]
-    lines.insert(2, {"step": 2, "format_reward": 0.4})  # a second record of step 2 is merged into it
-    data = "\n".join(json.dumps(line) for line in lines).encode()
-    archive_path = tmp_path / "sagemaker-local" / "s3" / "b" / "grpo-1" / "output" / "output.tar.gz"
-    archive_path.parent.mkdir(parents=True)
-    with tarfile.open(archive_path, "w:gz") as archive:
-        info = tarfile.TarInfo("metrics.jsonl")
-        info.size = len(data)
-        archive.addfile(info, io.BytesIO(data))
+    lines = [f"step={s} reward={r} frac_reward_zero_std=0.5" for s, r in enumerate([0.1, 0.2, 0.3, 0.6, 0.7, 0.9], 1)]
+    lines.insert(2, "step=2 format_reward=0.4")  # a second record of step 2 is merged into it
+    lines.insert(4, "step=3 reward=0.0")  # a step run again after a resume: the later value wins
+    lines[5:5] = ["step=3 reward=0.3", "INFO not a metric line"]
+    stream = tmp_path / "sagemaker-local" / "logs" / "grpo-1" / "algo-1-123.jsonl"
+    stream.parent.mkdir(parents=True)
+    stream.write_text("".join(json.dumps({"t": t, "m": m}) + "\n" for t, m in enumerate(lines)))
     state = tmp_path / "state.json"
     state.write_text(json.dumps({"jobs": [{
         "notebook": "03_boto3_grpo", "job_name": "grpo-1", "status": "Completed",

@@ -179,8 +179,10 @@ def test_executed_notebooks_have_no_errors_and_show_plots(notebook_run):
 
 
 def _curve(notebook_run, prefix: str, metric: str) -> list[float]:
+    """The metric over the whole run, from the job's log (an interrupted job's archive holds only
+    the steps of its last attempt)."""
     (job,) = notebook_run.jobs(prefix)
-    values = [r[metric] for r in merge_by_step(_metrics_records(notebook_run, job)) if metric in r]
+    values = [r[metric] for r in run_notebooks.job_metrics(notebook_run.out, job) if metric in r]
     assert values, f"{job['job_name']} logged no {metric}"
     return values
 
