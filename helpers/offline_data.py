@@ -8,6 +8,13 @@ training scripts read from a SageMaker channel (``train.jsonl`` / ``test.jsonl``
 In the cloud the data-preparation notebook loads the real sets by name with
 ``datasets`` (``openai/gsm8k`` and friends) and writes the same layouts.
 
+The offline GSM8K set (``DATASETS["gsm8k"]``) holds easy one-step problems with small numbers,
+some of which only ask for a number the question states: problems a 1 M-parameter model can
+begin to solve after a short SFT, so that GRPO's reward is above zero from its first steps.
+The worded multi-step problems (``gsm8k_records``) make the preference pairs, and the SFT
+conversations mix both kinds with short programs for the code problems, so that SFT teaches
+the answer formats the RL notebooks reward (``#### <number>``, one fenced Python block).
+
 Formats:
 - GSM8K:       {"question": str, "answer": "<worked solution>\\n#### <number>"}
 - preferences: {"prompt": str, "chosen": str, "rejected": str}
@@ -109,14 +116,70 @@ GSM8K_TEMPLATES: list[Callable[[random.Random], tuple[str, list[str], int]]] = [
 ]
 
 
-def gsm8k_records(n: int, seed: int = 0) -> list[dict]:
-    """``n`` GSM8K-format records: a question and a worked answer ending in ``#### <number>``."""
+
+# Easy problems: one step, numbers below 10. The answer of a "stated" problem is in the question.
+
+def _easy_stated(rng: random.Random) -> tuple[str, list[str], int]:
+    name, item, count = rng.choice(NAMES), rng.choice(ITEMS), rng.randint(1, 9)
+    question = f"{name} puts {count} {item} in a box. How many {item} are in the box?"
+    return question, [f"There are {count} {item} in the box."], count
+
+
+def _easy_more(rng: random.Random) -> tuple[str, list[str], int]:
+    name, item = rng.choice(NAMES), rng.choice(ITEMS)
+    have, more = rng.randint(1, 9), rng.randint(1, 9)
+    total = have + more
+    question = f"{name} has {have} {item} and finds {more} more. How many {item} does {name} have now?"
+    return question, [f"{name} has {have}+{more} = <<{have}+{more}={total}>>{total} {item}."], total
+
+
+def _easy_left(rng: random.Random) -> tuple[str, list[str], int]:
+    name, item = rng.choice(NAMES), rng.choice(ITEMS)
+    have = rng.randint(2, 9)
+    given = rng.randint(1, have - 1)
+    left = have - given
+    question = f"{name} has {have} {item} and gives {given} away. How many {item} are left?"
+    return question, [f"{name} has {have}-{given} = <<{have}-{given}={left}>>{left} {item} left."], left
+
+
+# (question about {name} and {item}, the fact that answers it, the answer)
+_FACTS = [
+    ("{name} buys a dozen {item}. How many {item} does {name} buy?", "A dozen is 12.", 12),
+    ("{name} visits a friend for a week. How many days is the visit?", "A week has 7 days.", 7),
+    ("{name} finds a pair of {item}. How many {item} does {name} find?", "A pair is 2.", 2),
+    ("{name} draws a triangle. How many sides does the triangle have?", "A triangle has 3 sides.", 3),
+    ("{name} sees a spider. How many legs does the spider have?", "A spider has 8 legs.", 8),
+    ("{name} reads for half an hour. How many minutes does {name} read?", "Half an hour is 30 minutes.", 30),
+]
+
+
+def _easy_fact(rng: random.Random) -> tuple[str, list[str], int]:
+    question, fact, answer = rng.choice(_FACTS)
+    return question.format(name=rng.choice(NAMES), item=rng.choice(ITEMS)), [fact], answer
+
+
+EASY_GSM8K_TEMPLATES: list[Callable[[random.Random], tuple[str, list[str], int]]] = [
+    _easy_fact, _easy_fact, _easy_fact, _easy_stated, _easy_more, _easy_left,
+]
+
+
+def _records(templates, n: int, seed: int) -> list[dict]:
     rng = random.Random(seed)
     records = []
     for _ in range(n):
-        question, steps, result = rng.choice(GSM8K_TEMPLATES)(rng)
+        question, steps, result = rng.choice(templates)(rng)
         records.append({"question": question, "answer": "\n".join(steps) + f"\n#### {result}"})
     return records
+
+
+def gsm8k_records(n: int, seed: int = 0) -> list[dict]:
+    """``n`` worded GSM8K-format records: a question and a worked answer ending in ``#### <number>``."""
+    return _records(GSM8K_TEMPLATES, n, seed)
+
+
+def gsm8k_easy_records(n: int, seed: int = 0) -> list[dict]:
+    """``n`` easy GSM8K-format records (one step, numbers below 10), the offline GSM8K set."""
+    return _records(EASY_GSM8K_TEMPLATES, n, seed)
 
 
 def gsm8k_final_number(answer: str) -> str:
@@ -155,20 +218,46 @@ _SMALL_TALK = [
 ]
 
 
-def chat_records(n: int, seed: int = 0) -> list[dict]:
-    """SFT conversations in the ``messages`` format: mostly worked maths, some small talk."""
+def _worded_chat_records(n: int, seed: int) -> list[dict]:
+    """Worded maths and small talk (the text the tiny tokenizer was trained on)."""
     rng = random.Random(seed + 2)
     problems = gsm8k_records(n, seed=seed + 2)
     records = []
     for i in range(n):
         if i % 4 == 3:
             user, assistant = rng.choice(_SMALL_TALK)
-            messages = [{"role": "user", "content": user}, {"role": "assistant", "content": assistant}]
+            records.append(_conversation(None, user, assistant))
         else:
-            messages = [{"role": "system", "content": SYSTEM_PROMPT},
-                        {"role": "user", "content": problems[i]["question"]},
-                        {"role": "assistant", "content": solution_text(problems[i]["answer"])}]
-        records.append({"messages": messages})
+            records.append(_conversation(SYSTEM_PROMPT, problems[i]["question"], solution_text(problems[i]["answer"])))
+    return records
+
+
+def _conversation(system: str | None, user: str, assistant: str) -> dict:
+    messages = [{"role": "system", "content": system}] if system else []
+    return {"messages": messages + [{"role": "user", "content": user}, {"role": "assistant", "content": assistant}]}
+
+
+def chat_records(n: int, seed: int = 0) -> list[dict]:
+    """SFT conversations in the ``messages`` format, asked as the RL environments ask: in every 8,
+    4 easy maths problems and 1 worded one answered with ``#### <number>``, 2 code problems
+    answered with one fenced program that passes their tests, 1 small talk."""
+    easy = iter(gsm8k_easy_records(n, seed=seed + 4))
+    code = iter(code_problem_records(n, seed=seed + 5))
+    worded = iter(_worded_chat_records(n, seed))
+    records = []
+    for i in range(n):
+        kind = i % 8
+        if kind in (0, 2, 4, 6):
+            problem = next(easy)
+            records.append(_conversation(SYSTEM_PROMPT, problem["question"], solution_text(problem["answer"])))
+        elif kind in (1, 5):
+            problem = next(code)
+            records.append(_conversation(CODE_SYSTEM_PROMPT, code_prompt(problem), code_solution(problem)))
+        elif kind == 3:
+            records.append(next(r for r in worded if r["messages"][0]["role"] == "system"))
+        else:
+            user, assistant = _SMALL_TALK[(i // 8) % len(_SMALL_TALK)]
+            records.append(_conversation(None, user, assistant))
     return records
 
 
@@ -225,6 +314,33 @@ def _code_add_function(rng: random.Random, idx: int) -> dict:
 
 CODE_TEMPLATES = [_code_sum_two, _code_max_list, _code_reverse, _code_average, _code_add_function]
 
+# How the code environment (scripts/environments/code.py) asks; a test checks the two agree.
+CODE_SYSTEM_PROMPT = ("You are an expert competitive programmer. Solve the problem in Python 3. Think briefly, then "
+                      "give the complete solution in one ```python code block.")
+_STDIN_TASK = "Read the input from standard input and print the answer to standard output."
+_FUNCTIONAL_TASK = ("Write a Python function `{fn_name}` (a plain function, or a method of `class Solution`); it is "
+                    "called with the test's arguments and its return value is checked.")
+
+# A short correct program per template (the part of the id before its number).
+_CODE_SOLUTIONS = {
+    "sum-two": "a, b = map(int, input().split())\nprint(a + b)",
+    "max-list": "input()\nprint(max(map(int, input().split())))",
+    "reverse": "print(input()[::-1])",
+    "average": "v = list(map(int, input().split()))\nprint(sum(v) / len(v))",
+    "func": "def solve(a, b):\n    return a * b + a",
+}
+
+
+def code_prompt(problem: dict) -> str:
+    """The user message the code environment sends for ``problem``."""
+    task = _FUNCTIONAL_TASK.format(fn_name=problem["fn_name"]) if problem["testtype"] == "functional" else _STDIN_TASK
+    return f"{problem['statement']}\n\n{task}"
+
+
+def code_solution(problem: dict) -> str:
+    """A correct answer to one of the project's code problems, as one fenced Python block."""
+    return f"```python\n{_CODE_SOLUTIONS[problem['id'].rsplit('-', 1)[0]]}\n```"
+
 
 def code_problem_records(n: int, seed: int = 0) -> list[dict]:
     """Competitive-programming problems with stdin/stdout or functional tests."""
@@ -249,7 +365,7 @@ def read_jsonl(path: str | Path) -> list[dict]:
 
 
 DATASETS = {
-    "gsm8k": gsm8k_records,
+    "gsm8k": gsm8k_easy_records,
     "preferences": preference_records,
     "chat": chat_records,
     "code": code_problem_records,
@@ -272,7 +388,7 @@ def corpus(seed: int = 0) -> list[str]:
     """Text for training the tiny tokenizer: every kind of text the offline data sets contain."""
     texts = [SYSTEM_PROMPT]
     texts += [r["question"] + "\n" + solution_text(r["answer"]) for r in gsm8k_records(400, seed)]
-    texts += [m["content"] for r in chat_records(80, seed) for m in r["messages"]]
+    texts += [m["content"] for r in _worded_chat_records(80, seed) for m in r["messages"]]
     texts += [p["statement"] + "\n" + t["input"] + t["output"]
               for p in code_problem_records(40, seed) for t in p["tests"]]
     texts += ["```python\nimport sys\n\ndef main():\n    data = sys.stdin.read().split()\n"

@@ -28,16 +28,32 @@ REPO = Path(__file__).resolve().parents[1]
 NOTEBOOK_DIR = REPO / "notebooks"
 
 # Parameters papermill passes in CI and in the main job (the notebooks default to the cloud).
+# Sized so that every loop visibly learns on the tiny model in a few minutes on 2 CPU cores:
+# SFT teaches the answer formats (``#### <n>``, one fenced program); DPO runs a few epochs of
+# its pairs; GRPO and code RL start from the SFT model with a format reward, so their reward is
+# above zero from the first step; the spot job resumes the same GRPO run.
 CI_COMMON = {"run_mode": "local"}
+GRPO_CI = {"start_from": "sft", "learning_rate": 1e-3, "format_reward_weight": 0.5, "max_steps": 16, "batch_size": 4,
+           "num_generations": 8, "micro_batch_size": 32, "max_new_tokens": 20}
 CI_PARAMETERS = {
-    "00": {"model_id": "tiny", "data_source": "offline", "n_train": 32, "n_test": 8},
-    "01": {"max_steps": 24, "batch_size": 2, "per_device_batch_size": 1, "max_length": 128, "learning_rate": 2e-3},
-    "02": {"max_steps": 2, "batch_size": 2, "per_device_batch_size": 1, "max_prompt_length": 64, "max_length": 128},
-    "03": {"max_steps": 2, "batch_size": 2, "num_generations": 4, "micro_batch_size": 4, "max_new_tokens": 16},
-    "04": {"max_steps": 2, "batch_size": 2, "num_generations": 2, "micro_batch_size": 4, "max_new_tokens": 32},
-    "05": {"max_steps": 4, "batch_size": 2, "num_generations": 2, "micro_batch_size": 4, "max_new_tokens": 16,
-           "checkpoint_every": 1, "interrupt_after_step": 2},
-    "06": {"max_eval_examples": 4, "max_new_tokens": 16},
+    "00": {"model_id": "tiny", "data_source": "offline", "n_train": 64, "n_test": 32},
+    "01": {"max_steps": 80, "batch_size": 8, "per_device_batch_size": 4, "max_length": 128, "learning_rate": 5e-3},
+    "02": {"max_steps": 20, "batch_size": 8, "per_device_batch_size": 8, "max_prompt_length": 64, "max_length": 128,
+           "learning_rate": 1e-3},
+    "03": GRPO_CI,
+    "04": {"start_from": "sft", "learning_rate": 1e-3, "format_reward_weight": 0.5, "max_steps": 12, "batch_size": 4,
+           "num_generations": 4, "micro_batch_size": 16, "max_new_tokens": 40},
+    "05": {**GRPO_CI, "checkpoint_every": 4, "interrupt_after_step": 8},
+    "06": {"max_eval_examples": 32, "max_new_tokens": 20},
+}
+
+# The curve that shows each loop learning, by script: (metric, the direction it should go).
+CURVES = {
+    "sft.py": [("loss", "falls")],
+    "dpo.py": [("rewards_accuracies", "rises"), ("rewards_margins", "rises"), ("loss", "falls")],
+    "grpo.py": [("reward", "rises"), ("format_reward", "rises"), ("accuracy", "rises"),
+                ("frac_reward_zero_std", "stays below 1")],
+    "code_rl.py": [("no_code_rate", "falls"), ("reward", "rises"), ("pass_rate", "rises")],
 }
 
 
@@ -134,6 +150,46 @@ def _failing_cell(executed: Path, exec_count) -> str:
     return f"cell {number}: {lines[0][:100] if lines else ''}"
 
 
+def job_metrics(out: Path, job: dict) -> list[dict]:
+    """A job's metric lines, one record per step, read from its log streams in local mode's
+    CloudWatch Logs mirror (``<out>/sagemaker-local/logs/<job>/<stream>.jsonl``). The log keeps
+    every attempt of a job that was interrupted and resumed, where its output.tar.gz holds the
+    last attempt's metrics only; steps run twice keep the later values."""
+    from helpers.metrics import merge_by_step, parse_metric_lines
+
+    events = []
+    for stream in sorted((out / "sagemaker-local" / "logs" / job["job_name"]).glob("*.jsonl")):
+        events += [json.loads(line) for line in stream.read_text().splitlines() if line.strip()]
+    events.sort(key=lambda event: event.get("t", 0))
+    return merge_by_step(parse_metric_lines(event.get("m", "") for event in events))
+
+
+def curve_ends(records: list[dict], metric: str) -> tuple[float, float] | None:
+    """Mean of ``metric`` over the first and over the last quarter of the steps (at least one step each)."""
+    values = [r[metric] for r in records if metric in r]
+    if not values:
+        return None
+    k = max(1, len(values) // 4)
+    return sum(values[:k]) / k, sum(values[-k:]) / k
+
+
+def learning_curves(state: dict, out: Path) -> list[dict]:
+    """For each training job: what its curve did, first quarter of the steps against the last."""
+    curves = []
+    for job in state.get("jobs", []):
+        # JSON text from the SDK's estimators, plain text from Session.train
+        program = job.get("request", {}).get("HyperParameters", {}).get("sagemaker_program", "").strip('"')
+        if program not in CURVES or job.get("status") != "Completed":
+            continue
+        records = job_metrics(out, job)
+        for metric, direction in CURVES[program]:
+            ends = curve_ends(records, metric)
+            if ends is not None:
+                curves.append({"notebook": job["notebook"], "job_name": job["job_name"], "metric": metric,
+                               "should": direction, "first": ends[0], "last": ends[1], "steps": len(records)})
+    return curves
+
+
 def build_summary(results: list[dict], state_file: Path, out: Path) -> dict:
     state = json.loads(state_file.read_text()) if state_file.exists() else {}
     jobs = [{k: job.get(k) for k in ("notebook", "job_name", "label", "status", "secondary_status",
@@ -144,6 +200,7 @@ def build_summary(results: list[dict], state_file: Path, out: Path) -> dict:
         "ok": bool(results) and all(r["status"] == "ok" for r in results),
         "notebooks": results,
         "jobs": jobs,
+        "curves": learning_curves(state, out),
         "evaluation": state.get("evaluation", {}),
         "spot": state.get("spot", {}),
         "paths": {"executed notebooks": str(out / "notebooks"), "state file": str(state_file),
@@ -171,9 +228,17 @@ def render_markdown(summary: dict) -> str:
             lines.append(f"  - model: {job['model_data']}")
         if job.get("failure_reason"):
             lines.append(f"  - failure: {job['failure_reason']}")
+    if summary.get("curves"):
+        lines += ["", "## What the curves show (mean of the first quarter of the steps -> the last quarter)", ""]
+        for c in summary["curves"]:
+            lines.append(f"- {c['notebook']}: {c['metric']} {c['first']:.3g} -> {c['last']:.3g} over {c['steps']} steps "
+                         f"(should: {c['should']})")
     evaluation = summary.get("evaluation") or {}
     if evaluation:
-        lines += ["", "## GSM8K accuracy on held-out problems (same checker as training)", ""]
+        lines += ["", "## GSM8K accuracy on held-out problems (same checker as training)", "",
+                  "base: the model notebook 0 staged; trained: the GRPO model (notebooks 3 and 5 start GRPO from "
+                  "notebook 1's SFT model when start_from is \"sft\", as in the main job: then the gain is SFT and "
+                  "GRPO together).", ""]
         for which in ("base", "trained"):
             if which in evaluation:
                 e = evaluation[which]

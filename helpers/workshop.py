@@ -102,6 +102,20 @@ class Workshop:
         """``s3://<bucket>/<prefix>/<parts...>``: where this workshop keeps things."""
         return "s3://" + "/".join([self.bucket, self.prefix, *parts])
 
+    def starting_model(self, start_from: str = "base") -> str:
+        """The S3 URI a job takes as its ``model`` channel: ``"base"`` the model notebook 0 staged,
+        ``"sft"`` the ``model.tar.gz`` of notebook 1's SFT job (the scripts unpack either)."""
+        if start_from == "base":
+            return self.state.require("model")
+        if start_from == "sft":
+            sft_job = self.state.require("sft_job", written_by="01_estimator_sft.ipynb")
+            model_data = self.state.job(sft_job).get("model_data")
+            if not model_data:
+                raise LaunchError(f"SFT job {sft_job} has no model artifact (status {self.state.job(sft_job).get('status')}): "
+                                  "run 01_estimator_sft.ipynb to completion first, or start from \"base\".")
+            return model_data
+        raise LaunchError(f"start_from must be \"base\" or \"sft\", got {start_from!r}.")
+
     def record(self, client) -> None:
         """Record every CreateTrainingJob this boto3 SageMaker client sends in the state file."""
         record_requests(client, lambda request: self.state.record_job(self.notebook, request))

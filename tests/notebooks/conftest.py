@@ -33,10 +33,16 @@ class NotebookRun:
 
 @pytest.fixture(scope="session")
 def notebook_run(tmp_path_factory) -> NotebookRun:
-    """``helpers.run_notebooks`` on every notebook, once (about 5 minutes on 2 cores)."""
+    """``helpers.run_notebooks`` on every notebook, once (about 5 minutes on 2 cores). With
+    ``NOTEBOOK_RUN=<folder>`` the tests read a finished main job there instead (``make main`` writes
+    one in outputs/main), e.g. to check a run again without repeating it."""
     import os
 
     from helpers import run_notebooks
+
+    if os.environ.get("NOTEBOOK_RUN"):
+        out = Path(os.environ["NOTEBOOK_RUN"]).resolve()
+        return NotebookRun(out, json.loads((out / "summary.json").read_text()))
 
     out = tmp_path_factory.mktemp("main")
     saved = dict(os.environ)

@@ -355,3 +355,45 @@ def test_offline_data_becomes_channel_files_without_empty_fields(tmp_path):
     assert any("fn_name" in row for row in rows) and any("fn_name" not in row for row in rows)
     with pytest.raises(ValueError, match="hub' or 'offline"):
         data_prep.load("gsm8k", "somewhere")
+
+
+def test_starting_model_is_the_staged_base_or_the_sft_artifact(tmp_path):
+    from helpers.errors import LaunchError
+    from helpers.workshop import State, Workshop
+
+    state = State(tmp_path / "state.json")
+    ws = Workshop(session=None, role="r", bucket="b", region="us-east-1", run_mode="local", notebook="03", state=state)
+    state.update(model="s3://b/model/")
+    assert ws.starting_model("base") == "s3://b/model/"
+    with pytest.raises(LaunchError, match="01_estimator_sft.ipynb"):
+        ws.starting_model("sft")
+    state.update(sft_job="sft-1", jobs=[{"job_name": "sft-1", "status": "Failed"}])
+    with pytest.raises(LaunchError, match="no model artifact"):
+        ws.starting_model("sft")
+    state.update(jobs=[{"job_name": "sft-1", "status": "Completed", "model_data": "s3://b/sft-1/output/model.tar.gz"}])
+    assert ws.starting_model("sft") == "s3://b/sft-1/output/model.tar.gz"
+    with pytest.raises(LaunchError, match="start_from"):
+        ws.starting_model("SFT")
+
+
+def test_summary_says_what_each_curve_did(tmp_path):
+    from helpers import run_notebooks
+
+    lines = [f"step={s} reward={r} frac_reward_zero_std=0.5" for s, r in enumerate([0.1, 0.2, 0.3, 0.6, 0.7, 0.9], 1)]
+    lines.insert(2, "step=2 format_reward=0.4")  # a second record of step 2 is merged into it
+    lines.insert(4, "step=3 reward=0.0")  # a step run again after a resume: the later value wins
+    lines[5:5] = ["step=3 reward=0.3", "INFO not a metric line"]
+    stream = tmp_path / "sagemaker-local" / "logs" / "grpo-1" / "algo-1-123.jsonl"
+    stream.parent.mkdir(parents=True)
+    stream.write_text("".join(json.dumps({"t": t, "m": m}) + "\n" for t, m in enumerate(lines)))
+    state = tmp_path / "state.json"
+    state.write_text(json.dumps({"jobs": [{
+        "notebook": "03_boto3_grpo", "job_name": "grpo-1", "status": "Completed",
+        "model_data": "s3://b/grpo-1/output/model.tar.gz",
+        "request": {"HyperParameters": {"sagemaker_program": json.dumps("grpo.py")}}}]}))
+    summary = run_notebooks.build_summary([{"notebook": "03_boto3_grpo.ipynb", "status": "ok", "seconds": 1.0}],
+                                          state, tmp_path)
+    curves = {c["metric"]: c for c in summary["curves"]}
+    assert set(curves) == {"reward", "format_reward", "frac_reward_zero_std"}
+    assert (curves["reward"]["first"], curves["reward"]["last"], curves["reward"]["steps"]) == (0.1, 0.9, 6)
+    assert "03_boto3_grpo: reward 0.1 -> 0.9 over 6 steps (should: rises)" in run_notebooks.render_markdown(summary)

@@ -176,3 +176,62 @@ def test_executed_notebooks_have_no_errors_and_show_plots(notebook_run):
         assert not [o for o in outputs if o.get("output_type") == "error"], path.name
         if path.name[:2] in ("01", "02", "03", "05", "06"):
             assert any("image/png" in o.get("data", {}) for o in outputs), f"{path.name} shows no plot"
+
+
+def _curve(notebook_run, prefix: str, metric: str) -> list[float]:
+    """The metric over the whole run, from the job's log (an interrupted job's archive holds only
+    the steps of its last attempt)."""
+    (job,) = notebook_run.jobs(prefix)
+    values = [r[metric] for r in run_notebooks.job_metrics(notebook_run.out, job) if metric in r]
+    assert values, f"{job['job_name']} logged no {metric}"
+    return values
+
+
+def _ends(values: list[float]) -> tuple[float, float]:
+    """Mean of the first and of the last quarter of a curve."""
+    k = max(1, len(values) // 4)
+    return sum(values[:k]) / k, sum(values[-k:]) / k
+
+
+def test_sft_loss_falls(notebook_run):
+    first, last = _ends(_curve(notebook_run, "01", "loss"))
+    assert last < 0.5 * first, (first, last)
+
+
+def test_dpo_learns_to_prefer_the_chosen_answers(notebook_run):
+    accuracies, margins = _curve(notebook_run, "02", "rewards_accuracies"), _curve(notebook_run, "02", "rewards_margins")
+    assert len(accuracies) == run_notebooks.CI_PARAMETERS["02"]["max_steps"]
+    assert _ends(accuracies)[1] > _ends(accuracies)[0] + 0.2, accuracies
+    assert _ends(margins)[1] > _ends(margins)[0] + 0.05, margins
+
+
+@pytest.mark.parametrize("prefix", ["03", "05"])
+def test_grpo_reward_starts_above_zero_and_rises(notebook_run, prefix):
+    rewards = _curve(notebook_run, prefix, "reward")
+    assert len(rewards) == run_notebooks.CI_PARAMETERS[prefix]["max_steps"]
+    first, last = _ends(rewards)
+    assert first > 0.0, rewards  # the SFT model already earns some reward: the policy gets a gradient at once
+    assert last > first + 0.1, rewards
+    zero_std = _curve(notebook_run, prefix, "frac_reward_zero_std")
+    assert sum(zero_std) / len(zero_std) < 0.75 and min(zero_std) < 1.0, zero_std
+    assert max(_curve(notebook_run, prefix, "grad_norm")) > 0.0
+
+
+def test_code_rl_writes_programs_more_often(notebook_run):
+    first, last = _ends(_curve(notebook_run, "04", "no_code_rate"))
+    assert last < first - 0.1, (first, last)
+
+
+def test_held_out_accuracy_rises_with_the_same_checker(notebook_run):
+    evaluation = notebook_run.state["evaluation"]
+    assert evaluation["trained"]["n"] == evaluation["base"]["n"] == run_notebooks.CI_PARAMETERS["06"]["max_eval_examples"]
+    assert evaluation["trained"]["accuracy"] > evaluation["base"]["accuracy"] + 0.1, evaluation
+
+
+def test_summary_says_what_each_curve_shows(notebook_run):
+    text = (notebook_run.out / "summary.md").read_text()
+    assert "What the curves show" in text
+    shown = {(c["notebook"][:2], c["metric"]) for c in notebook_run.summary["curves"]}
+    assert {("01", "loss"), ("02", "rewards_accuracies"), ("03", "reward"), ("04", "no_code_rate"),
+            ("05", "reward")} <= shown
+
