@@ -31,9 +31,20 @@ class NotebookRun:
         return [job for job in self.state.get("jobs", []) if job["notebook"].startswith(notebook_prefix)]
 
 
+# The first test that asks for the run pays for all notebooks in its set-up, which pytest-timeout
+# counts against that test: give those tests room for the whole main job on a loaded 2-core machine.
+NOTEBOOK_RUN_TIMEOUT_S = 2400
+
+
+def pytest_collection_modifyitems(items):
+    for item in items:
+        if "notebook_run" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.timeout(NOTEBOOK_RUN_TIMEOUT_S))
+
+
 @pytest.fixture(scope="session")
 def notebook_run(tmp_path_factory) -> NotebookRun:
-    """``helpers.run_notebooks`` on every notebook, once (about 5 minutes on 2 cores). With
+    """``helpers.run_notebooks`` on every notebook, once (5-10 minutes on 2 cores). With
     ``NOTEBOOK_RUN=<folder>`` the tests read a finished main job there instead (``make main`` writes
     one in outputs/main), e.g. to check a run again without repeating it."""
     import os
