@@ -16,11 +16,7 @@ the reloaded tokenizer would silently give other ids.
 
 from __future__ import annotations
 
-import hashlib
 import json
-import os
-import shutil
-import tempfile
 from pathlib import Path
 
 # Qwen2's pre-tokenisation regex (letters, numbers one by one, punctuation, spaces).
@@ -124,34 +120,14 @@ def _write_json(path: Path, content: dict) -> None:
     path.write_text(json.dumps(content, indent=2, sort_keys=True) + "\n")
 
 
-def _cache_root() -> Path:
-    root = os.environ.get("TINY_MODEL_CACHE")
-    if root:
-        return Path(root)
-    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "sagemaker-llm-loops"
-
-
 def tiny_model_dir(seed: int = 0) -> Path:
     """The cached tiny model folder, built once per machine (safe when several processes ask at once)."""
     import transformers
 
-    key = json.dumps([BUILDER_VERSION, seed, TINY_CONFIG, VOCAB_SIZE, transformers.__version__], sort_keys=True)
-    digest = hashlib.sha256(key.encode()).hexdigest()[:12]
-    target = _cache_root() / f"tiny-qwen2-{digest}"
-    if (target / "config.json").exists() and (target / "tokenizer.json").exists():
-        return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=target.name + ".", dir=target.parent))
-    try:
-        build_tiny_model(staging, seed=seed)
-        try:
-            staging.rename(target)  # atomic: readers see a whole folder or none
-        except OSError:
-            if not (target / "config.json").exists():  # lost a race only if the winner finished
-                raise
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
-    return target
+    from helpers.models_offline import cached_build
+
+    key = [BUILDER_VERSION, seed, TINY_CONFIG, VOCAB_SIZE, transformers.__version__]
+    return cached_build("tiny-qwen2", key, lambda folder: build_tiny_model(folder, seed=seed))
 
 
 if __name__ == "__main__":
