@@ -155,13 +155,14 @@ def job_metrics(out: Path, job: dict) -> list[dict]:
     CloudWatch Logs mirror (``<out>/sagemaker-local/logs/<job>/<stream>.jsonl``). The log keeps
     every attempt of a job that was interrupted and resumed, where its output.tar.gz holds the
     last attempt's metrics only; steps run twice keep the later values."""
-    from helpers.metrics import merge_by_step, parse_metric_lines
+    from helpers.metrics import merge_by_step, parse_metric_line
 
     events = []
     for stream in sorted((out / "sagemaker-local" / "logs" / job["job_name"]).glob("*.jsonl")):
         events += [json.loads(line) for line in stream.read_text().splitlines() if line.strip()]
     events.sort(key=lambda event: event.get("t", 0))
-    return merge_by_step(parse_metric_lines(event.get("m", "") for event in events))
+    records = (parse_metric_line(event.get("m", "")) for event in events)
+    return merge_by_step([record for record in records if record is not None])
 
 
 def curve_ends(records: list[dict], metric: str) -> tuple[float, float] | None:
