@@ -5,6 +5,7 @@ Sections, each in its own process so each peak RSS is its own:
   generation  GRPO rollout tokens/s, batched vs one call per completion (``bench.generation``)
   local_mode  time to the script's first line and job overhead (``bench.local_mode_overhead``)
   sandbox     judged tests per second (``bench.sandbox_throughput``)
+  sessions    training sessions through the SDK v3 vs in-process (``bench.training_sessions``)
 Every training and generation run uses one torch thread (see ``bench.train_steps``).
 The table goes to stdout and to ``outputs/bench/cpu_benchmarks.md`` (rows also as ``.json``).
 
@@ -31,7 +32,7 @@ from pathlib import Path
 from bench.fixtures import BENCH_OUTPUT, REPO_ROOT
 from bench.tables import Row, format_table, machine_description, median
 
-SECTIONS = ("steps", "generation", "local_mode", "sandbox")
+SECTIONS = ("steps", "generation", "local_mode", "sandbox", "sessions")
 
 
 def steps_rows(quick: bool) -> list[Row]:
@@ -110,8 +111,14 @@ def sandbox_rows(quick: bool) -> list[Row]:
     return rows
 
 
+def sessions_rows(quick: bool) -> list[Row]:
+    from bench import training_sessions
+
+    return training_sessions.measure(["tiny"] if quick else ["tiny", "small"], steps=3 if quick else 10)
+
+
 RUNNERS = {"steps": steps_rows, "generation": generation_rows, "local_mode": local_mode_rows,
-           "sandbox": sandbox_rows}
+           "sandbox": sandbox_rows, "sessions": sessions_rows}
 
 
 def run_section(name: str, quick: bool, timeout: float = 1200) -> list[Row]:

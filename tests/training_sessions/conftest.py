@@ -33,6 +33,9 @@ TINY_ARN = "arn:aws:sagemaker:us-east-1:aws:hub-content/SageMakerPublicHub/Model
 @pytest.fixture(scope="session")
 def endpoint(tmp_path_factory):
     root = tmp_path_factory.mktemp("sessions-root")
+    # A result request is held until the operation ends, at most this long: the test that reads a
+    # Pending operation would otherwise wait the default 20 s for its answer.
+    os.environ["SAGEMAKER_LOCAL_SESSION_LONG_POLL"] = "2"
     started = sessions.start_service(root)
     yield started
     sessions.stop_service(root)
@@ -42,25 +45,35 @@ def endpoint(tmp_path_factory):
 def clients(endpoint):
     """Raw boto3 clients of the main environment, pointed at the endpoint."""
     session = boto3.Session(aws_access_key_id="local", aws_secret_access_key="local", region_name="us-east-1")
-    return (session.client("sagemaker", endpoint_url=endpoint.url),
-            session.client("sagemakertrainingsessionruntime", endpoint_url=endpoint.url))
+    return (
+        session.client("sagemaker", endpoint_url=endpoint.url),
+        session.client("sagemakertrainingsessionruntime", endpoint_url=endpoint.url),
+    )
 
 
 def run_sdk(endpoint, scenario: str, timeout: float = 240, **arguments) -> dict:
     """Run one scenario of sdk_scenarios.py in the SDK v3 environment; its last stdout line is JSON."""
     if not SESSIONS_PYTHON.exists():
-        pytest.fail("The SDK v3 environment is missing: build it with `make .venv-sessions/.stamp` "
-                    "(requirements-sessions.txt).")
+        pytest.fail(
+            "The SDK v3 environment is missing: build it with `make .venv-sessions/.stamp` "
+            "(requirements-sessions.txt)."
+        )
     env = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "PYTHON"))}
     env.update(endpoint.client_environment())
-    done = subprocess.run([str(SESSIONS_PYTHON), str(SCENARIOS), scenario, json.dumps(arguments)], env=env,
-                          capture_output=True, text=True, timeout=timeout)
+    done = subprocess.run(
+        [str(SESSIONS_PYTHON), str(SCENARIOS), scenario, json.dumps(arguments)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
     assert done.returncode == 0, f"{scenario} failed:\n{done.stderr[-4000:]}"
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def one_thread():
+    """One torch thread in this process: the machine is shared, more threads only contend."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     yield

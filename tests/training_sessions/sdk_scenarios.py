@@ -18,7 +18,12 @@ from sagemaker.train.training_session import AdamParams, Datum, ModelInput, Samp
 
 ROLE = "arn:aws:iam::123456789012:role/SageMakerRole"
 MODEL = "local/tiny-qwen2"
-TEXTS = ["The cat sat on the mat.", "Numbers: 1 2 3 4 5 6 7.", "Hello there, how are you today?", "Pick a digit."]
+TEXTS = [
+    "The cat sat on the mat.",
+    "Numbers: 1 2 3 4 5 6 7.",
+    "Hello there, how are you today?",
+    "Pick a digit.",
+]
 
 
 def service() -> ServiceClient:
@@ -27,8 +32,10 @@ def service() -> ServiceClient:
 
 def sft_datum(tokenizer, text: str) -> Datum:
     ids = tokenizer(text, add_special_tokens=False)["input_ids"]
-    return Datum(model_input=ModelInput.from_ints(ids[:-1]),
-                 loss_fn_inputs={"target_tokens": ids[1:], "weights": [1.0] * (len(ids) - 1)})
+    return Datum(
+        model_input=ModelInput.from_ints(ids[:-1]),
+        loss_fn_inputs={"target_tokens": ids[1:], "weights": [1.0] * (len(ids) - 1)},
+    )
 
 
 def cross_entropy_steps(tc, datums, steps: int) -> list[float]:
@@ -59,14 +66,21 @@ def cross_entropy_resume(steps: int) -> dict:
     tail = cross_entropy_steps(resumed, datums, steps - steps // 2)
     weights_only = svc.create_training_client_from_state(checkpoint, rank=8, alpha=16)
     tail_fresh_optimizer = cross_entropy_steps(weights_only, datums, 1)
-    detail = boto3.client("sagemaker").describe_training_session(TrainingSessionName=name)["TrainingSessionDetail"]
+    detail = boto3.client("sagemaker").describe_training_session(TrainingSessionName=name)[
+        "TrainingSessionDetail"
+    ]
     resumed.stop()
     weights_only.stop()
-    return {"uninterrupted": uninterrupted, "resumed": head + tail, "fresh_optimizer": tail_fresh_optimizer,
-            "checkpoint": checkpoint, "first_session": name,
-            "last_sequence": detail["LastReceivedSequenceNumber"],
-            "billed": detail["BillableTokenUsage"],
-            "tokens_per_step": sum(len(tokenizer(t, add_special_tokens=False)["input_ids"]) - 1 for t in TEXTS)}
+    return {
+        "uninterrupted": uninterrupted,
+        "resumed": head + tail,
+        "fresh_optimizer": tail_fresh_optimizer,
+        "checkpoint": checkpoint,
+        "first_session": name,
+        "last_sequence": detail["LastReceivedSequenceNumber"],
+        "billed": detail["BillableTokenUsage"],
+        "tokens_per_step": sum(len(tokenizer(t, add_special_tokens=False)["input_ids"]) - 1 for t in TEXTS),
+    }
 
 
 def pipelining() -> dict:
@@ -77,8 +91,12 @@ def pipelining() -> dict:
         fb = tc.forward_backward(datums, "cross_entropy")
         step = tc.optim_step(AdamParams(learning_rate=1e-2, weight_decay=0.0))
         after = tc.forward(datums, "cross_entropy")
-        result = {"before": fb.result().metrics["loss:sum"], "step": step.result().metrics,
-                  "after": after.result().metrics["loss:sum"], "sequence": tc.current_sequence_number}
+        result = {
+            "before": fb.result().metrics["loss:sum"],
+            "step": step.result().metrics,
+            "after": after.result().metrics["loss:sum"],
+            "sequence": tc.current_sequence_number,
+        }
     return result
 
 
@@ -96,24 +114,36 @@ def sampling_from_saved() -> dict:
     samples = {}
     for label, client in (("own", own), ("package", from_package), ("base", base)):
         response = client.sample(prompt, num_samples=3, sampling_params=params).result()
-        samples[label] = {"tokens": [s.tokens for s in response.sequences],
-                          "logprobs": [s.logprobs for s in response.sequences],
-                          "stop": [s.stop_reason.value for s in response.sequences],
-                          "scored": client.compute_logprobs(prompt + response.sequences[0].tokens).result(),
-                          "texts": [tokenizer.decode(s.tokens) for s in response.sequences]}
+        samples[label] = {
+            "tokens": [s.tokens for s in response.sequences],
+            "logprobs": [s.logprobs for s in response.sequences],
+            "stop": [s.stop_reason.value for s in response.sequences],
+            "scored": client.compute_logprobs(prompt + response.sequences[0].tokens).result(),
+            "texts": [tokenizer.decode(s.tokens) for s in response.sequences],
+        }
     for client in (from_package, base, tc):
         client.stop()
     return samples
 
 
-def grpo_pick_seven(sft_steps: int, grpo_steps: int, group: int, learning_rate: float, seed: int) -> dict:
-    """Warm up the answer format with cross_entropy, then GRPO (importance_sampling) on 'answer 7'."""
+def grpo_pick_seven(
+    model: str,
+    grpo_steps: int,
+    group: int,
+    learning_rate: float,
+    seed: int,
+    rank: int = 16,
+    alpha: int = 32,
+    sft_steps: int = 0,
+) -> dict:
+    """GRPO (importance_sampling) on 'answer 7', from a model that answers one digit at random."""
     rng = random.Random(seed)
     svc = service()
-    tc = svc.create_lora_training_client(MODEL, rank=16, alpha=32)
+    tc = svc.create_lora_training_client(model, rank=rank, alpha=alpha)
     tokenizer = tc.get_tokenizer()
-    prompt = tokenizer.apply_chat_template([{"role": "user", "content": "Pick a digit."}], tokenize=False,
-                                           add_generation_prompt=True)
+    prompt = tokenizer.apply_chat_template(
+        [{"role": "user", "content": "Pick a digit."}], tokenize=False, add_generation_prompt=True
+    )
     prompt_ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
     eos = tokenizer.eos_token_id
     adam = AdamParams(learning_rate=learning_rate, weight_decay=0.0, grad_clip_norm=1.0)
@@ -123,17 +153,25 @@ def grpo_pick_seven(sft_steps: int, grpo_steps: int, group: int, learning_rate: 
             answer = tokenizer(str(rng.randrange(10)), add_special_tokens=False)["input_ids"] + [eos]
             ids = prompt_ids + answer
             weights = [0.0] * (len(prompt_ids) - 1) + [1.0] * len(answer)
-            datums.append(Datum(model_input=ModelInput.from_ints(ids[:-1]),
-                                loss_fn_inputs={"target_tokens": ids[1:], "weights": weights}))
+            datums.append(
+                Datum(
+                    model_input=ModelInput.from_ints(ids[:-1]),
+                    loss_fn_inputs={"target_tokens": ids[1:], "weights": weights},
+                )
+            )
         tc.forward_backward(datums, "cross_entropy")
         tc.optim_step(adam)
-    rewards = []
-    sampler = tc.save_weights_and_get_sampling_client()
+    rewards, texts = [], []
     for step in range(grpo_steps):
-        response = sampler.sample(prompt_ids, num_samples=group,
-                                  sampling_params=SamplingParams(max_tokens=512, temperature=1.0,
-                                                                 seed=seed * 1000 + step)).result()
+        # The loop's way to sample its current weights: save them, sample that package, same session.
+        sampler = tc.create_sampling_client(tc.save_weights_for_sampler().result().model_package_arn)
+        response = sampler.sample(
+            prompt_ids,
+            num_samples=group,
+            sampling_params=SamplingParams(max_tokens=512, temperature=1.0, seed=seed * 1000 + step),
+        ).result()
         texts = [tokenizer.decode(s.tokens, skip_special_tokens=True) for s in response.sequences]
+        print(step, texts[:6], flush=True)
         reward = [float(t.strip() == "7") for t in texts]
         mean = sum(reward) / len(reward)
         rewards.append(mean)
@@ -144,26 +182,37 @@ def grpo_pick_seven(sft_steps: int, grpo_steps: int, group: int, learning_rate: 
             n_prompt = len(prompt_ids) - 1
             # Dr. GRPO's advantage (reward - group mean); summed loss divided by the step's tokens.
             advantage = (r - mean) / total_tokens
-            datums.append(Datum(model_input=ModelInput.from_ints(ids[:-1]), loss_fn_inputs={
-                "target_tokens": ids[1:],
-                "weights": [0.0] * n_prompt + [1.0] * len(sample.tokens),
-                "logprobs": [0.0] * n_prompt + list(sample.logprobs),
-                "advantages": [0.0] * n_prompt + [advantage] * len(sample.tokens)}))
+            datums.append(
+                Datum(
+                    model_input=ModelInput.from_ints(ids[:-1]),
+                    loss_fn_inputs={
+                        "target_tokens": ids[1:],
+                        "weights": [0.0] * n_prompt + [1.0] * len(sample.tokens),
+                        "logprobs": [0.0] * n_prompt + list(sample.logprobs),
+                        "advantages": [0.0] * n_prompt + [advantage] * len(sample.tokens),
+                    },
+                )
+            )
         if mean not in (0.0, 1.0):
             tc.forward_backward(datums, "importance_sampling")
             tc.optim_step(adam)
-        sampler = tc.save_weights_and_get_sampling_client()
     tc.stop()
-    return {"rewards": rewards}
+    return {"rewards": rewards, "last_texts": texts}
 
 
 def describe(name: str) -> dict:
     """What a later kernel sees: the session by name, the base models, the tokenizer."""
     svc = service()
-    detail = boto3.client("sagemaker").describe_training_session(TrainingSessionName=name)["TrainingSessionDetail"]
+    detail = boto3.client("sagemaker").describe_training_session(TrainingSessionName=name)[
+        "TrainingSessionDetail"
+    ]
     sessions = [s.training_session_arn for s in svc.list_sessions()]
-    return {"status": detail["TrainingSessionStatus"], "error": detail.get("ErrorDetails"),
-            "models": svc.list_base_models(), "listed": any(a.endswith("/" + name) for a in sessions)}
+    return {
+        "status": detail["TrainingSessionStatus"],
+        "error": detail.get("ErrorDetails"),
+        "models": svc.list_base_models(),
+        "listed": any(a.endswith("/" + name) for a in sessions),
+    }
 
 
 if __name__ == "__main__":

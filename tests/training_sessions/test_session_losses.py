@@ -38,12 +38,18 @@ def make_datums(engine, loss_fn, seed=0, lengths=(5, 9, 14)):
     datums = []
     for length in lengths:
         tokens = [rng.randrange(vocab) for _ in range(length + 1)]
-        inputs = {"target_tokens": wire(tokens[1:], "int64"),
-                  "weights": wire([rng.choice([0.0, 0.5, 1.0, 2.0]) for _ in range(length)])}
+        inputs = {
+            "target_tokens": wire(tokens[1:], "int64"),
+            "weights": wire([rng.choice([0.0, 0.5, 1.0, 2.0]) for _ in range(length)]),
+        }
         if loss_fn != "cross_entropy":
             inputs["advantages"] = wire([rng.uniform(-2, 2) for _ in range(length)])
-        datums.append({"modelInput": {"chunks": [{"tokens": tokens[:-1], "type": "encoded_text"}]},
-                       "lossFnInputs": inputs})
+        datums.append(
+            {
+                "modelInput": {"chunks": [{"tokens": tokens[:-1], "type": "encoded_text"}]},
+                "lossFnInputs": inputs,
+            }
+        )
     if loss_fn != "cross_entropy":  # sampler log-probs: the model's own, moved by up to +-0.5
         for datum, current in zip(datums, reference_logprobs(engine, datums), strict=True):
             noise = [rng.uniform(-0.5, 0.5) for _ in range(current.numel())]
@@ -84,12 +90,15 @@ def relative(a, b):
     return float((a - b).norm() / b.norm())
 
 
-@pytest.mark.parametrize("loss_fn, config", [
-    ("cross_entropy", {}),
-    ("importance_sampling", {}),
-    ("ppo", {"clip_low_threshold": 0.9, "clip_high_threshold": 1.1}),
-    ("cispo", {"clip_low_threshold": 0.9, "clip_high_threshold": 1.2}),
-])
+@pytest.mark.parametrize(
+    "loss_fn, config",
+    [
+        ("cross_entropy", {}),
+        ("importance_sampling", {}),
+        ("ppo", {"clip_low_threshold": 0.9, "clip_high_threshold": 1.1}),
+        ("cispo", {"clip_low_threshold": 0.9, "clip_high_threshold": 1.2}),
+    ],
+)
 def test_loss_value_and_gradient_match_the_formula(session_engine, loss_fn, config, one_thread):
     engine = session_engine
     datums = make_datums(engine, loss_fn)
@@ -101,7 +110,9 @@ def test_loss_value_and_gradient_match_the_formula(session_engine, loss_fn, conf
     low = config.get("clip_low_threshold", 0.8 if loss_fn == "ppo" else 0.0)
     high = config.get("clip_high_threshold", 1.2 if loss_fn == "ppo" else 4.0)
     logprobs = reference_logprobs(engine, datums)
-    per_datum = [formula(loss_fn, lp, d["lossFnInputs"], low, high) for lp, d in zip(logprobs, datums, strict=True)]
+    per_datum = [
+        formula(loss_fn, lp, d["lossFnInputs"], low, high) for lp, d in zip(logprobs, datums, strict=True)
+    ]
     expected = torch.stack(per_datum).sum()
     expected.backward()
     want_grad = gradients(engine).clone()
@@ -114,8 +125,12 @@ def test_loss_value_and_gradient_match_the_formula(session_engine, loss_fn, conf
         assert abs(output["loss"]["data"][0] - value.item()) <= RELATIVE * abs(value.item()) + 1e-6
     assert relative(got_grad, want_grad) < RELATIVE
     if loss_fn in ("ppo", "cispo"):  # the thresholds bite on some tokens, so clipping is exercised
-        ratio = torch.cat([torch.exp(lp.detach() - torch.tensor(d["lossFnInputs"]["logprobs"]["data"]))
-                           for lp, d in zip(logprobs, datums, strict=True)])
+        ratio = torch.cat(
+            [
+                torch.exp(lp.detach() - torch.tensor(d["lossFnInputs"]["logprobs"]["data"]))
+                for lp, d in zip(logprobs, datums, strict=True)
+            ]
+        )
         assert ((ratio < low) | (ratio > high)).float().mean() > 0.2
 
 
@@ -152,14 +167,29 @@ def test_session_gradient_equals_grpo_script_gradient(session_engine, loss_fn, e
     attention_mask = torch.cat([prompt_mask, completion_mask], dim=1)
     mask = completion_mask.float()
     logprobs = grpo.completion_logprobs(script_model, input_ids, attention_mask, completion_ids.size(1), 1.0)
-    noise = torch.tensor([[rng.uniform(-0.3, 0.3) for _ in range(completion_ids.size(1))] for _ in completions])
+    noise = torch.tensor(
+        [[rng.uniform(-0.3, 0.3) for _ in range(completion_ids.size(1))] for _ in completions]
+    )
     old = logprobs.detach() + (noise if epsilon is not None else 0.0)
     tokens = float(mask.sum())
-    loss, _ = grpo.grpo_loss(logprobs, old, None, advantages, mask, loss_type="dapo",
-                             epsilon=epsilon or 0.2, epsilon_high=epsilon or 0.2, beta=0.0, max_new_tokens=8,
-                             num_micro_batches=1, tokens_per_learner=tokens)
+    loss, _ = grpo.grpo_loss(
+        logprobs,
+        old,
+        None,
+        advantages,
+        mask,
+        loss_type="dapo",
+        epsilon=epsilon or 0.2,
+        epsilon_high=epsilon or 0.2,
+        beta=0.0,
+        max_new_tokens=8,
+        num_micro_batches=1,
+        tokens_per_learner=tokens,
+    )
     loss.backward()
-    script_grad = torch.cat([p.grad.reshape(-1) for n, p in script_model.named_parameters() if p.requires_grad])
+    script_grad = torch.cat(
+        [p.grad.reshape(-1) for n, p in script_model.named_parameters() if p.requires_grad]
+    )
 
     # The session's side: one datum per rollout, weights on completion tokens, A / tokens per token.
     datums = []
@@ -167,12 +197,22 @@ def test_session_gradient_equals_grpo_script_gradient(session_engine, loss_fn, e
         ids = prompt + completion
         n_prompt = len(prompt) - 1
         sampler = old[row, : len(completion)].tolist()
-        datums.append({"modelInput": {"chunks": [{"tokens": ids[:-1], "type": "encoded_text"}]}, "lossFnInputs": {
-            "target_tokens": wire(ids[1:], "int64"),
-            "weights": wire([0.0] * n_prompt + [1.0] * len(completion)),
-            "logprobs": wire([0.0] * n_prompt + sampler),
-            "advantages": wire([0.0] * n_prompt + [advantages[row].item() / tokens] * len(completion))}})
-    config = {} if epsilon is None else {"clip_low_threshold": 1 - epsilon, "clip_high_threshold": 1 + epsilon}
+        datums.append(
+            {
+                "modelInput": {"chunks": [{"tokens": ids[:-1], "type": "encoded_text"}]},
+                "lossFnInputs": {
+                    "target_tokens": wire(ids[1:], "int64"),
+                    "weights": wire([0.0] * n_prompt + [1.0] * len(completion)),
+                    "logprobs": wire([0.0] * n_prompt + sampler),
+                    "advantages": wire(
+                        [0.0] * n_prompt + [advantages[row].item() / tokens] * len(completion)
+                    ),
+                },
+            }
+        )
+    config = (
+        {} if epsilon is None else {"clip_low_threshold": 1 - epsilon, "clip_high_threshold": 1 + epsilon}
+    )
     engine.optimizer.zero_grad(set_to_none=True)
     result, _ = engine.forward_backward(loss_fn, datums, config, backward=True)
     session_grad = gradients(engine).clone()
@@ -190,7 +230,9 @@ def test_bad_datums_are_refused_with_the_fix(session_engine):
     good = make_datums(engine, "cross_entropy", lengths=(4,))[0]
     short = copy.deepcopy(good)
     short["lossFnInputs"]["weights"] = wire([1.0, 1.0])
-    with pytest.raises(engine_module.InputError, match=r"weights'\] has 2 values but modelInput has 4 tokens"):
+    with pytest.raises(
+        engine_module.InputError, match=r"weights'\] has 2 values but modelInput has 4 tokens"
+    ):
         engine_module.parse_datums([good, short], "cross_entropy")
     odd = copy.deepcopy(good)
     odd["lossFnInputs"]["weights"]["dtype"] = "float8"

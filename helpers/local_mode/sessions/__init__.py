@@ -67,8 +67,10 @@ def sdk_defaults_file(root: Path, region: str) -> Path:
     from ..api import ACCOUNT_ID
 
     path = _sessions_root(root) / "sdk-config" / "config.yaml"
-    text = ("SchemaVersion: '1.0'\nSageMaker:\n  PythonSDK:\n    Modules:\n      TelemetryOptOut: true\n"
-            f"      Session:\n        DefaultS3Bucket: sagemaker-{region}-{ACCOUNT_ID}\n")
+    text = (
+        "SchemaVersion: '1.0'\nSageMaker:\n  PythonSDK:\n    Modules:\n      TelemetryOptOut: true\n"
+        f"      Session:\n        DefaultS3Bucket: sagemaker-{region}-{ACCOUNT_ID}\n"
+    )
     if not path.exists() or path.read_text() != text:
         _atomic_write(path, text.encode())
     return path
@@ -131,8 +133,9 @@ def running_endpoint(root: str | os.PathLike | None = None) -> Endpoint | None:
     return Endpoint(f"http://127.0.0.1:{info['port']}", info["pid"], root, info["region"])
 
 
-def start_service(root: str | os.PathLike | None = None, region: str = "us-east-1",
-                  timeout: float = 120.0) -> Endpoint:
+def start_service(
+    root: str | os.PathLike | None = None, region: str = "us-east-1", timeout: float = 120.0
+) -> Endpoint:
     """Start the endpoint process for ``root`` (or return the one already running) and register the
     tiny model. The process outlives this Python process, as the real service outlives a kernel."""
     root = Path(root).expanduser() if root else local_root()
@@ -148,20 +151,37 @@ def start_service(root: str | os.PathLike | None = None, region: str = "us-east-
     log = open(_sessions_root(root) / "service.log", "ab")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
     process = subprocess.Popen(
-        [sys.executable, "-m", "helpers.local_mode.sessions.server", "--root", str(root), "--region", region,
-         "--ready-file", str(ready)],
-        stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, cwd=REPO,
+        [
+            sys.executable,
+            "-m",
+            "helpers.local_mode.sessions.server",
+            "--root",
+            str(root),
+            "--region",
+            region,
+            "--ready-file",
+            str(ready),
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+        env=env,
+        cwd=REPO,
         start_new_session=True,  # a Ctrl-C in the notebook's terminal does not reach it
     )
     deadline = time.monotonic() + timeout
     while not ready.exists():
         if process.poll() is not None:
-            raise RuntimeError(f"The training-session endpoint exited with code {process.returncode}; "
-                               f"see {_sessions_root(root) / 'service.log'}.")
+            raise RuntimeError(
+                f"The training-session endpoint exited with code {process.returncode}; "
+                f"see {_sessions_root(root) / 'service.log'}."
+            )
         if time.monotonic() > deadline:
             process.kill()
-            raise RuntimeError(f"The training-session endpoint did not start within {timeout:.0f} s; "
-                               f"see {_sessions_root(root) / 'service.log'}.")
+            raise RuntimeError(
+                f"The training-session endpoint did not start within {timeout:.0f} s; "
+                f"see {_sessions_root(root) / 'service.log'}."
+            )
         time.sleep(0.05)
     info = json.loads(ready.read_text())
     ready.unlink()

@@ -41,8 +41,13 @@ LOSS_INPUTS = {
 }
 DEFAULT_CLIP = {"ppo": (0.8, 1.2), "cispo": (0.0, 4.0), "importance_sampling": (None, None)}
 CLIP_RANGES = {"clip_low_threshold": (0.0, 1.0), "clip_high_threshold": (1.0, 10.0)}
-DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
-          "int32": torch.int32, "int64": torch.int64}
+DTYPES = {
+    "float32": torch.float32,
+    "float16": torch.float16,
+    "bfloat16": torch.bfloat16,
+    "int32": torch.int32,
+    "int64": torch.int64,
+}
 MICRO_BATCH = 16  # datums per padded forward pass
 
 
@@ -79,16 +84,21 @@ def clip_bounds(loss_fn: str, config: dict) -> tuple[float, float]:
 def check_loss_config(loss_fn: str, config) -> dict:
     config = config or {}
     if not isinstance(config, dict):
-        raise InputError("lossFnConfig must be a JSON object such as {\"clip_low_threshold\": 0.8}.")
+        raise InputError('lossFnConfig must be a JSON object such as {"clip_low_threshold": 0.8}.')
     for key, value in config.items():
         if key not in CLIP_RANGES:
-            raise InputError(f"lossFnConfig key {key!r} is not supported: the supported keys are "
-                             f"{', '.join(CLIP_RANGES)}.")
+            raise InputError(
+                f"lossFnConfig key {key!r} is not supported: the supported keys are {', '.join(CLIP_RANGES)}."
+            )
         low, high = CLIP_RANGES[key]
         if not isinstance(value, (int, float)) or not low <= value <= high:
-            raise InputError(f"lossFnConfig {key}={value!r} is out of range: give a number in [{low}, {high}].")
+            raise InputError(
+                f"lossFnConfig {key}={value!r} is out of range: give a number in [{low}, {high}]."
+            )
         if loss_fn == "cross_entropy":
-            raise InputError(f"lossFnConfig {key} applies to ppo and cispo, not {loss_fn}; leave lossFnConfig out.")
+            raise InputError(
+                f"lossFnConfig {key} applies to ppo and cispo, not {loss_fn}; leave lossFnConfig out."
+            )
     return config
 
 
@@ -107,14 +117,17 @@ def tensor_from_wire(value: dict, where: str) -> torch.Tensor:
     if dtype not in DTYPES:
         raise InputError(f"{where} has dtype {dtype!r}: use one of {', '.join(DTYPES)}.")
     try:
-        tensor = torch.tensor(value.get("data"), dtype=torch.float64 if dtype.startswith(("float", "bfloat"))
-                              else torch.int64)
+        tensor = torch.tensor(
+            value.get("data"), dtype=torch.float64 if dtype.startswith(("float", "bfloat")) else torch.int64
+        )
     except (TypeError, ValueError) as error:
         raise InputError(f"{where}: data must be a (nested) list of numbers ({error}).") from None
     shape = value.get("shape")
     if shape is not None:
         if math.prod(shape) != tensor.numel():
-            raise InputError(f"{where}: shape {shape} holds {math.prod(shape)} values but data has {tensor.numel()}.")
+            raise InputError(
+                f"{where}: shape {shape} holds {math.prod(shape)} values but data has {tensor.numel()}."
+            )
         tensor = tensor.reshape(shape)
     return tensor.to(DTYPES[dtype]).reshape(-1)
 
@@ -133,15 +146,19 @@ def parse_datums(datums: list, loss_fn: str) -> list[tuple[list[int], dict]]:
         given = datum.get("lossFnInputs") or {}
         missing = [name for name in needed if name not in given]
         if missing:
-            raise InputError(f"{where}: lossFnInputs lacks {', '.join(missing)}, which {loss_fn} needs "
-                             f"({', '.join(needed)}, one value per modelInput token).")
+            raise InputError(
+                f"{where}: lossFnInputs lacks {', '.join(missing)}, which {loss_fn} needs "
+                f"({', '.join(needed)}, one value per modelInput token)."
+            )
         inputs = {}
         for name, value in given.items():
             tensor = tensor_from_wire(value, f"{where}.lossFnInputs['{name}']")
             if tensor.numel() != len(tokens):
-                raise InputError(f"{where}.lossFnInputs['{name}'] has {tensor.numel()} values but modelInput has "
-                                 f"{len(tokens)} tokens: give one value per modelInput token (position i predicts "
-                                 f"target_tokens[i]).")
+                raise InputError(
+                    f"{where}.lossFnInputs['{name}'] has {tensor.numel()} values but modelInput has "
+                    f"{len(tokens)} tokens: give one value per modelInput token (position i predicts "
+                    f"target_tokens[i])."
+                )
             inputs[name] = tensor if name == "target_tokens" else tensor.float()
         parsed.append((tokens, inputs))
     return parsed
@@ -167,7 +184,9 @@ class Engine:
         self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
         base = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
         torch.manual_seed(seed)
-        config = LoraConfig(r=rank, lora_alpha=alpha, target_modules="all-linear", lora_dropout=0.0, bias="none")
+        config = LoraConfig(
+            r=rank, lora_alpha=alpha, target_modules="all-linear", lora_dropout=0.0, bias="none"
+        )
         self.model = get_peft_model(base, config)
         self.model.eval()  # no dropout anywhere: forward, backward and sampling see the same function
         self.named_trainable = [(n, p) for n, p in self.model.named_parameters() if p.requires_grad]
@@ -179,7 +198,9 @@ class Engine:
         a_params = [p for n, p in self.named_trainable if "lora_B" not in n]
         b_params = [p for n, p in self.named_trainable if "lora_B" in n]
         # Two groups so LoRA+ can give B matrices their own learning rate (lr * loraPlusLrRatio).
-        return torch.optim.AdamW([{"params": a_params, "lora": "A"}, {"params": b_params, "lora": "B"}], lr=1e-4)
+        return torch.optim.AdamW(
+            [{"params": a_params, "lora": "A"}, {"params": b_params, "lora": "B"}], lr=1e-4
+        )
 
     # ---- forward / backward
     def _logprobs(self, rows: list[list[int]], targets: list[torch.Tensor]) -> list[torch.Tensor]:
@@ -202,17 +223,24 @@ class Engine:
                 batch = parsed[start : start + MICRO_BATCH]
                 with torch.set_grad_enabled(backward):
                     logprobs = self._logprobs([t for t, _ in batch], [i["target_tokens"] for _, i in batch])
-                    losses = [token_losses(loss_fn, lp, inputs, config).sum()
-                              for lp, (_, inputs) in zip(logprobs, batch, strict=True)]
+                    losses = [
+                        token_losses(loss_fn, lp, inputs, config).sum()
+                        for lp, (_, inputs) in zip(logprobs, batch, strict=True)
+                    ]
                     loss = torch.stack(losses).sum()
                 if backward:
                     loss.backward()  # gradients accumulate in .grad until optim_step
                 total += loss.item()
-                outputs += [{"logprobs": tensor_to_wire(lp), "loss": tensor_to_wire(l.reshape(1))}
-                            for lp, l in zip(logprobs, losses, strict=True)]
+                outputs += [
+                    {"logprobs": tensor_to_wire(lp), "loss": tensor_to_wire(datum_loss.reshape(1))}
+                    for lp, datum_loss in zip(logprobs, losses, strict=True)
+                ]
         tokens = sum(len(t) for t, _ in parsed)
-        return {"lossFnOutputType": "TensorData", "lossFnOutputs": outputs,
-                "metrics": {"loss:sum": total, "global_token_num": float(tokens)}}, tokens
+        return {
+            "lossFnOutputType": "TensorData",
+            "lossFnOutputs": outputs,
+            "metrics": {"loss:sum": total, "global_token_num": float(tokens)},
+        }, tokens
 
     def optim_step(self, adam: dict) -> dict:
         with self.lock:
@@ -239,11 +267,15 @@ class Engine:
         with self.lock, torch.no_grad():
             for name, param in self.named_trainable:
                 if name not in state:
-                    raise InputError(f"The saved state has no tensor {name}: it was saved from a session with "
-                                     "another base model or LoRA rank.")
+                    raise InputError(
+                        f"The saved state has no tensor {name}: it was saved from a session with "
+                        "another base model or LoRA rank."
+                    )
                 if state[name].shape != param.shape:
-                    raise InputError(f"The saved state's {name} has shape {tuple(state[name].shape)}, this session's "
-                                     f"{tuple(param.shape)}: create the session with the LoRA rank it was saved with.")
+                    raise InputError(
+                        f"The saved state's {name} has shape {tuple(state[name].shape)}, this session's "
+                        f"{tuple(param.shape)}: create the session with the LoRA rank it was saved with."
+                    )
                 param.copy_(state[name])
 
     def load_adapter_from_peft(self, state: dict[str, torch.Tensor]) -> None:
@@ -254,8 +286,10 @@ class Engine:
             result = set_peft_model_state_dict(self.model, state)
             missing = [k for k in getattr(result, "missing_keys", []) if "lora_" in k]
             if missing:
-                raise InputError(f"The saved adapter lacks {len(missing)} LoRA tensors (first: {missing[0]}): it was "
-                                 "saved from a session with another base model.")
+                raise InputError(
+                    f"The saved adapter lacks {len(missing)} LoRA tensors (first: {missing[0]}): it was "
+                    "saved from a session with another base model."
+                )
 
     def reset_optimizer(self) -> None:
         with self.lock:
@@ -285,6 +319,12 @@ class Engine:
             return {k: v.detach().contiguous() for k, v in merged.state_dict().items()}
 
     # ---- sampling and scoring
+    def adapter_enabled(self, enabled: bool):
+        """A context in which the model is the base model alone (enabled=False) or with the adapter."""
+        import contextlib
+
+        return contextlib.nullcontext() if enabled else self.model.disable_adapter()
+
     def compute_logprobs(self, tokens: list[int]) -> list[float | None]:
         with self.lock, torch.no_grad():
             if len(tokens) == 1:
@@ -307,12 +347,18 @@ def generate_samples(model, tokenizer, prompt: list[int], num_samples: int, para
     eos = model.generation_config.eos_token_id
     eos = eos if isinstance(eos, list) else [eos] if eos is not None else []
     stop_ids = sorted(set(eos) | ({tokenizer.eos_token_id} if tokenizer.eos_token_id is not None else set()))
-    settings = dict(max_new_tokens=params["maxTokens"], eos_token_id=stop_ids, do_sample=not greedy,
-                    pad_token_id=tokenizer.pad_token_id, repetition_penalty=1.0)
+    settings = dict(
+        max_new_tokens=params["maxTokens"],
+        eos_token_id=stop_ids,
+        do_sample=not greedy,
+        pad_token_id=tokenizer.pad_token_id,
+        repetition_penalty=1.0,
+    )
     if not greedy:
         top_k = params.get("topK")
-        settings.update(temperature=temperature, top_k=top_k if top_k and top_k > 0 else 0,
-                        top_p=params.get("topP", 1.0))
+        settings.update(
+            temperature=temperature, top_k=top_k if top_k and top_k > 0 else 0, top_p=params.get("topP", 1.0)
+        )
     if params.get("stop"):
         settings["stop_strings"] = params["stop"]
     if params.get("seed") is not None:
@@ -324,12 +370,16 @@ def generate_samples(model, tokenizer, prompt: list[int], num_samples: int, para
     saved = base.generation_config
     base.generation_config = GenerationConfig(**settings)
     try:
-        out = model.generate(input_ids=input_ids, attention_mask=torch.ones_like(input_ids),
-                             output_scores=True, return_dict_in_generate=True,
-                             tokenizer=tokenizer if params.get("stop") else None)
+        out = model.generate(
+            input_ids=input_ids,
+            attention_mask=torch.ones_like(input_ids),
+            output_scores=True,
+            return_dict_in_generate=True,
+            tokenizer=tokenizer if params.get("stop") else None,
+        )
     finally:
         base.generation_config = saved
-    new = out.sequences[:, len(prompt):]
+    new = out.sequences[:, len(prompt) :]
     logprobs = torch.stack([torch.log_softmax(s.float(), dim=-1) for s in out.scores], dim=1)
     picked = logprobs.gather(-1, new.unsqueeze(-1)).squeeze(-1)
     samples = []
@@ -345,6 +395,12 @@ def generate_samples(model, tokenizer, prompt: list[int], num_samples: int, para
                     end, reason = i + 1, "stop"
                     break
         ids = ids[:end] if end is not None else ids
-        samples.append({"tokens": ids, "logprobs": picked[row, : len(ids)].tolist(), "stopReason": reason,
-                        "tokenUsage": {"prefill": len(prompt), "decode": len(ids)}})
+        samples.append(
+            {
+                "tokens": ids,
+                "logprobs": picked[row, : len(ids)].tolist(),
+                "stopReason": reason,
+                "tokenUsage": {"prefill": len(prompt), "decode": len(ids)},
+            }
+        )
     return samples

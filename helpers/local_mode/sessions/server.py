@@ -36,9 +36,18 @@ from ..validation import ServiceError
 
 RUNTIME = "sagemakertrainingsessionruntime"
 CONTROL_PLANE_OPERATIONS = (
-    "CreateTrainingSession", "DescribeTrainingSession", "ListTrainingSessions", "StopTrainingSession",
-    "DeleteTrainingSession", "ListHubContents", "DescribeHubContent", "CreateModelPackageGroup",
-    "DescribeModelPackageGroup", "ListModelPackages", "DescribeModelPackage", "DeleteModelPackage",
+    "CreateTrainingSession",
+    "DescribeTrainingSession",
+    "ListTrainingSessions",
+    "StopTrainingSession",
+    "DeleteTrainingSession",
+    "ListHubContents",
+    "DescribeHubContent",
+    "CreateModelPackageGroup",
+    "DescribeModelPackageGroup",
+    "ListModelPackages",
+    "DescribeModelPackage",
+    "DeleteModelPackage",
 )
 RUNTIME_OPERATIONS = {
     "ExecuteTrainingOperation": "execute_training_operation",
@@ -70,9 +79,11 @@ def check_shape(params: dict, shape) -> None:
     problems: list[str] = []
     _walk(params, shape, shape.name[:1].lower() + shape.name[1:], problems)
     if problems:
-        raise ServiceError("ValidationException",
-                           f"{len(problems)} validation error{'s' if len(problems) > 1 else ''} detected: "
-                           + "; ".join(problems))
+        raise ServiceError(
+            "ValidationException",
+            f"{len(problems)} validation error{'s' if len(problems) > 1 else ''} detected: "
+            + "; ".join(problems),
+        )
 
 
 def _walk(value, shape, where: str, problems: list[str]) -> None:
@@ -88,8 +99,10 @@ def _walk(value, shape, where: str, problems: list[str]) -> None:
                 _walk(value[name], member, f"{where}.{name[:1].lower() + name[1:]}", problems)
     elif kind == "list":
         if "max" in meta and len(value) > meta["max"]:
-            problems.append(f"Value at '{where}' failed to satisfy constraint: Member must have length less than "
-                            f"or equal to {meta['max']}")
+            problems.append(
+                f"Value at '{where}' failed to satisfy constraint: Member must have length less than "
+                f"or equal to {meta['max']}"
+            )
         for index, item in enumerate(value):
             _walk(item, shape.member, f"{where}.{index + 1}.member", problems)
     elif kind == "map":
@@ -97,15 +110,21 @@ def _walk(value, shape, where: str, problems: list[str]) -> None:
             _walk(item, shape.value, f"{where}.{key}", problems)
     elif kind in ("integer", "long", "double", "float"):
         if "max" in meta and value > meta["max"]:
-            problems.append(f"Value '{value}' at '{where}' failed to satisfy constraint: Member must have value "
-                            f"less than or equal to {meta['max']}")
+            problems.append(
+                f"Value '{value}' at '{where}' failed to satisfy constraint: Member must have value "
+                f"less than or equal to {meta['max']}"
+            )
     elif kind == "string":
         if shape.enum and value not in shape.enum:
-            problems.append(f"Value '{value}' at '{where}' failed to satisfy constraint: Member must satisfy enum "
-                            f"value set: [{', '.join(shape.enum)}]")
+            problems.append(
+                f"Value '{value}' at '{where}' failed to satisfy constraint: Member must satisfy enum "
+                f"value set: [{', '.join(shape.enum)}]"
+            )
         if "max" in meta and len(value) > meta["max"]:
-            problems.append(f"Value '{value}' at '{where}' failed to satisfy constraint: Member must have length "
-                            f"less than or equal to {meta['max']}")
+            problems.append(
+                f"Value '{value}' at '{where}' failed to satisfy constraint: Member must have length "
+                f"less than or equal to {meta['max']}"
+            )
         pattern = meta.get("pattern")
         if pattern:
             try:
@@ -113,8 +132,10 @@ def _walk(value, shape, where: str, problems: list[str]) -> None:
             except re.error:  # a Java-only construct (\p{L}...): the real service checks it, we cannot
                 matched = True
             if not matched:
-                problems.append(f"Value '{value}' at '{where}' failed to satisfy constraint: Member must satisfy "
-                                f"regular expression pattern: {pattern}")
+                problems.append(
+                    f"Value '{value}' at '{where}' failed to satisfy constraint: Member must satisfy "
+                    f"regular expression pattern: {pattern}"
+                )
 
 
 # --------------------------------------------------------------------------- runtime routes
@@ -150,31 +171,43 @@ class Endpoint:
         operation = target.split(".", 1)[1]
         try:
             if operation not in CONTROL_PLANE_OPERATIONS:
-                raise ServiceError("ValidationException",
-                                   f"The local training-session endpoint answers {', '.join(CONTROL_PLANE_OPERATIONS)}; "
-                                   f"{operation} needs SageMaker (training jobs: helpers.local_mode).")
+                raise ServiceError(
+                    "ValidationException",
+                    f"The local training-session endpoint answers {', '.join(CONTROL_PLANE_OPERATIONS)}; "
+                    f"{operation} needs SageMaker (training jobs: helpers.local_mode).",
+                )
             request = json.loads(body or b"{}")
             check_shape(request, service_model("sagemaker").operation_model(operation).input_shape)
             response = getattr(self.service, _snake(operation))(request)
             return 200, {"Content-Type": "application/x-amz-json-1.1"}, json.dumps(response).encode()
         except ServiceError as error:
-            return error.status, {"Content-Type": "application/x-amz-json-1.1"}, json.dumps(
-                {"__type": error.code, "message": error.message}).encode()
+            return (
+                error.status,
+                {"Content-Type": "application/x-amz-json-1.1"},
+                json.dumps({"__type": error.code, "message": error.message}).encode(),
+            )
 
     # ---- runtime (REST-JSON)
     def runtime(self, method: str, path: str, body: bytes) -> tuple[int, dict, bytes] | None:
-        for route_method, pattern, operation in runtime_routes():
-            match = pattern.match(path)
-            if route_method == method and match:
-                break
-        else:
+        found = next(
+            (
+                (operation, match)
+                for route_method, pattern, operation in runtime_routes()
+                if route_method == method and (match := pattern.match(path))
+            ),
+            None,
+        )
+        if found is None:
             return None
+        operation, match = found
         headers = {"Content-Type": "application/json"}
         try:
             if operation not in RUNTIME_OPERATIONS:
-                raise ServiceError("ValidationException",
-                                   f"{operation} sends a request body to the model as is; the local endpoint "
-                                   "serves the operation API (ExecuteSamplingOperation) instead.")
+                raise ServiceError(
+                    "ValidationException",
+                    f"{operation} sends a request body to the model as is; the local endpoint "
+                    "serves the operation API (ExecuteSamplingOperation) instead.",
+                )
             request = {k: unquote(v) for k, v in match.groupdict().items()}
             request.update(json.loads(body or b"{}"))
             check_shape(request, service_model(RUNTIME).operation_model(operation).input_shape)
@@ -183,13 +216,21 @@ class Endpoint:
         except ServiceError as error:
             code = {"ResourceNotFound": "ResourceNotFoundException"}.get(error.code, error.code)
             status = {"ResourceNotFoundException": 404, "ConflictException": 409}.get(code, error.status)
-            return status, {**headers, "x-amzn-ErrorType": code}, json.dumps({"message": error.message}).encode()
+            return (
+                status,
+                {**headers, "x-amzn-ErrorType": code},
+                json.dumps({"message": error.message}).encode(),
+            )
 
     # ---- S3 and STS: moto, with S3 writes mirrored to disk
     def aws_service(self, service: str, method: str, path: str, headers: dict, body: bytes):
         host = {"s3": "s3.amazonaws.com", "sts": "sts.amazonaws.com"}.get(service)
         if host is None:
-            return 400, {"Content-Type": "text/plain"}, f"The local endpoint does not serve {service}.".encode()
+            return (
+                400,
+                {"Content-Type": "text/plain"},
+                f"The local endpoint does not serve {service}.".encode(),
+            )
         headers = {k: v for k, v in headers.items() if k.lower() != "host"}
         headers["Host"] = host
         request = AWSPreparedRequest(method, f"https://{host}{path}", headers, body, stream_output=False)
@@ -224,6 +265,9 @@ class Endpoint:
 
 class Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
+    # Headers and body go out in two writes: with Nagle's algorithm and the client's delayed ACK the
+    # second waits ~40 ms, on every call.
+    disable_nagle_algorithm = True
     endpoint: Endpoint
 
     def log_message(self, format, *args):  # noqa: A002 - quiet: one line per poll would flood the log
@@ -239,16 +283,27 @@ class Handler(BaseHTTPRequestHandler):
             answer = None
             if target.startswith("SageMaker."):
                 answer = self.endpoint.control_plane(target, body)
-            elif service == "sagemaker" or self.path.startswith(("/v1/training-sessions", "/training-sessions")):
+            elif service == "sagemaker" or self.path.startswith(
+                ("/v1/training-sessions", "/training-sessions")
+            ):
                 answer = self.endpoint.runtime(self.command, urlsplit(self.path).path, body)
             if answer is None:
-                answer = self.endpoint.aws_service(service or "s3", self.command, self.path, dict(self.headers), body)
+                answer = self.endpoint.aws_service(
+                    service or "s3", self.command, self.path, dict(self.headers), body
+                )
         except Exception:  # noqa: BLE001 - answered as the service's 500, with the reason
-            answer = (500, {"Content-Type": "application/json", "x-amzn-ErrorType": "InternalServerException"},
-                      json.dumps({"__type": "InternalServerException", "message": traceback.format_exc(limit=3)}).encode())
+            answer = (
+                500,
+                {"Content-Type": "application/json", "x-amzn-ErrorType": "InternalServerException"},
+                json.dumps(
+                    {"__type": "InternalServerException", "message": traceback.format_exc(limit=3)}
+                ).encode(),
+            )
         status, headers, out = answer
         self.send_response(status)
-        headers = {k: v for k, v in headers.items() if k.lower() not in ("content-length", "transfer-encoding")}
+        headers = {
+            k: v for k, v in headers.items() if k.lower() not in ("content-length", "transfer-encoding")
+        }
         for key, value in headers.items():
             self.send_header(key, value)
         self.send_header("x-amzn-RequestId", str(uuid.uuid4()))
@@ -273,7 +328,9 @@ def serve(root: Path, region: str, port: int, ready_file: Path | None) -> None:
         tmp = ready_file.with_suffix(".tmp")
         tmp.write_text(json.dumps(info))
         os.replace(tmp, ready_file)
-    print(f"[local-mode] training-session endpoint on http://127.0.0.1:{server.server_address[1]}", flush=True)
+    print(
+        f"[local-mode] training-session endpoint on http://127.0.0.1:{server.server_address[1]}", flush=True
+    )
     threading.current_thread().name = "endpoint"
     server.serve_forever()
 
@@ -285,7 +342,12 @@ def main() -> None:
     parser.add_argument("--port", type=int, default=0)
     parser.add_argument("--ready-file")
     args = parser.parse_args()
-    serve(Path(args.root).expanduser(), args.region, args.port, Path(args.ready_file) if args.ready_file else None)
+    serve(
+        Path(args.root).expanduser(),
+        args.region,
+        args.port,
+        Path(args.ready_file) if args.ready_file else None,
+    )
 
 
 if __name__ == "__main__":

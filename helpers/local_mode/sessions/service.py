@@ -34,6 +34,7 @@ from . import engine as engine_module
 PUBLIC_HUB = "SageMakerPublicHub"
 ACTIVE = ("Created", "Scheduled", "Running", "Blocked")
 LONG_POLL_SECONDS = float(os.environ.get("SAGEMAKER_LOCAL_SESSION_LONG_POLL", "20"))
+TIMING_LOG = os.environ.get("SAGEMAKER_LOCAL_SESSION_TIMING_LOG")
 IDLE_TIMEOUT_SECONDS = float(os.environ.get("SAGEMAKER_LOCAL_SESSION_IDLE_TIMEOUT", "3600"))
 
 
@@ -103,12 +104,16 @@ class LiveSession:
                     f"Sequence number {sequence} is already used by operation {first.id} of training session "
                     f"{self.name}; send each operation with the next number "
                     f"(LastReceivedSequenceNumber is {self.detail.get('LastReceivedSequenceNumber', 0)}), "
-                    "or resend with the same clientToken to get the first operation back.", status=409)
+                    "or resend with the same clientToken to get the first operation back.",
+                    status=409,
+                )
             if sequence < self.next_sequence:
                 raise ServiceError(
                     "ConflictException",
                     f"Sequence number {sequence} has already run in training session {self.name}; the next one "
-                    f"expected is {self.next_sequence}.", status=409)
+                    f"expected is {self.next_sequence}.",
+                    status=409,
+                )
             operation = Operation(kind, config, sequence, token)
             self.operations[operation.id] = operation
             self.by_sequence[sequence] = operation
@@ -137,8 +142,11 @@ class LiveSession:
                 if self.closed:
                     for op in self.by_sequence.values():
                         if not op.done.is_set():
-                            self._finish(op, "Skipped", error=f"Training session {self.name} stopped before "
-                                                              "this operation ran.")
+                            self._finish(
+                                op,
+                                "Skipped",
+                                error=f"Training session {self.name} stopped before this operation ran.",
+                            )
                     return
                 operation = self.by_sequence[self.next_sequence]
             self._execute(operation, self.service.run_training_operation)
@@ -168,6 +176,9 @@ class LiveSession:
         operation.finished_at = time.time()
         self.last_activity = time.time()
         operation.done.set()
+        if TIMING_LOG:  # for bench.training_sessions: when each operation ended, on this machine's clock
+            with open(TIMING_LOG, "a") as log:
+                log.write(f"{operation.id} {operation.finished_at:.6f}\n")
 
     def close(self) -> None:
         with self.cond:
@@ -187,6 +198,7 @@ class SessionService:
         self.live: dict[str, LiveSession] = {}
         self.lock = threading.RLock()
         self.identity = _process_identity()
+        self._adapters: dict[str, dict] = {}
         self._fail_orphans()
         threading.Thread(target=self._expire_idle, name="session-expiry", daemon=True).start()
 
@@ -196,13 +208,17 @@ class SessionService:
 
     def save(self, detail: dict) -> None:
         detail["LastModifiedTime"] = time.time()
-        _atomic_write(self._session_path(detail["TrainingSessionName"]), json.dumps(detail, indent=1).encode())
+        _atomic_write(
+            self._session_path(detail["TrainingSessionName"]), json.dumps(detail, indent=1).encode()
+        )
 
     def load(self, name: str) -> dict:
         path = self._session_path(name)
         if not path.exists():
-            raise not_found(f"Training session {name} does not exist in this account and region "
-                            "(ListTrainingSessions lists the ones that do).")
+            raise not_found(
+                f"Training session {name} does not exist in this account and region "
+                "(ListTrainingSessions lists the ones that do)."
+            )
         live = self.live.get(name)
         return live.detail if live is not None else json.loads(path.read_text())
 
@@ -226,9 +242,14 @@ class SessionService:
             time.sleep(min(5.0, IDLE_TIMEOUT_SECONDS))
             for live in list(self.live.values()):
                 if time.time() - live.last_activity > IDLE_TIMEOUT_SECONDS:
-                    self._end(live.detail, "Expired", error=(
-                        f"The session was idle for more than {IDLE_TIMEOUT_SECONDS:.0f} s (local mode's "
-                        "SAGEMAKER_LOCAL_SESSION_IDLE_TIMEOUT) and expired; create a new session."))
+                    self._end(
+                        live.detail,
+                        "Expired",
+                        error=(
+                            f"The session was idle for more than {IDLE_TIMEOUT_SECONDS:.0f} s (local mode's "
+                            "SAGEMAKER_LOCAL_SESSION_IDLE_TIMEOUT) and expired; create a new session."
+                        ),
+                    )
 
     def _end(self, detail: dict, status: str, error: str | None = None) -> None:
         with self.lock:
@@ -258,16 +279,23 @@ class SessionService:
             "DocumentSchemaVersion": "2.0.0",
             "HubContentDisplayName": entry["HuggingfaceId"],
             "HubContentDescription": f"Local model folder {entry['path']}",
-            "HubContentSearchKeywords": ["@capability:training_session",
-                                         f"@huggingface-id:{entry['HuggingfaceId'].lower()}"],
+            "HubContentSearchKeywords": [
+                "@capability:training_session",
+                f"@huggingface-id:{entry['HuggingfaceId'].lower()}",
+            ],
             "HubContentStatus": "Available",
             "CreationTime": entry.get("created", 0.0),
         }
 
     def _check_public_hub(self, request: dict) -> None:
-        if request.get("HubName") not in (PUBLIC_HUB, f"arn:aws:sagemaker:{self.region}:aws:hub/{PUBLIC_HUB}"):
-            raise not_found(f"Hub {request.get('HubName')} does not exist: local mode serves {PUBLIC_HUB} only, "
-                            "with the base models registered by helpers.local_mode.sessions.register_base_model.")
+        if request.get("HubName") not in (
+            PUBLIC_HUB,
+            f"arn:aws:sagemaker:{self.region}:aws:hub/{PUBLIC_HUB}",
+        ):
+            raise not_found(
+                f"Hub {request.get('HubName')} does not exist: local mode serves {PUBLIC_HUB} only, "
+                "with the base models registered by helpers.local_mode.sessions.register_base_model."
+            )
 
     def list_hub_contents(self, request: dict) -> dict:
         self._check_public_hub(request)
@@ -281,14 +309,19 @@ class SessionService:
         name = request["HubContentName"]
         entry = self.base_models().get(name)
         if entry is None or request.get("HubContentType") != "Model":
-            raise not_found(f"Hub content {name} of type {request.get('HubContentType')} does not exist in "
-                            f"{PUBLIC_HUB}; local mode has: {', '.join(self.base_models()) or 'none'}.")
+            raise not_found(
+                f"Hub content {name} of type {request.get('HubContentType')} does not exist in "
+                f"{PUBLIC_HUB}; local mode has: {', '.join(self.base_models()) or 'none'}."
+            )
         summary = self._hub_summary(name, entry)
         summary.pop("HubContentSearchKeywords")
-        return {**summary, "HubName": PUBLIC_HUB,
-                "HubArn": f"arn:aws:sagemaker:{self.region}:aws:hub/{PUBLIC_HUB}",
-                "HubContentDocument": json.dumps({"HuggingfaceId": entry["HuggingfaceId"]}),
-                "HubContentSearchKeywords": self._hub_summary(name, entry)["HubContentSearchKeywords"]}
+        return {
+            **summary,
+            "HubName": PUBLIC_HUB,
+            "HubArn": f"arn:aws:sagemaker:{self.region}:aws:hub/{PUBLIC_HUB}",
+            "HubContentDocument": json.dumps({"HuggingfaceId": entry["HuggingfaceId"]}),
+            "HubContentSearchKeywords": self._hub_summary(name, entry)["HubContentSearchKeywords"],
+        }
 
     def _base_model_for_arn(self, arn: str) -> tuple[str, dict]:
         marker = f"hub-content/{PUBLIC_HUB}/Model/"
@@ -298,7 +331,8 @@ class SessionService:
             raise not_found(
                 f"Base model {arn} is not available: local mode serves "
                 f"{', '.join(e['HuggingfaceId'] for e in models.values()) or 'no model yet'}. Register a local "
-                "model folder with helpers.local_mode.sessions.register_base_model(model_id, path).")
+                "model folder with helpers.local_mode.sessions.register_base_model(model_id, path)."
+            )
         return name, models[name]
 
     # ---- model package groups and packages
@@ -313,11 +347,17 @@ class SessionService:
         path = self.root / "model-package-groups" / f"{name}.json"
         with self.lock:
             if path.exists():
-                raise ServiceError("ValidationException",
-                                   f"Model Package Group already exists: {self._group_arn(name)}")
-            group = {"ModelPackageGroupName": name, "ModelPackageGroupArn": self._group_arn(name),
-                     "ModelPackageGroupDescription": request.get("ModelPackageGroupDescription", ""),
-                     "CreationTime": time.time(), "ModelPackageGroupStatus": "Completed", "CreatedBy": {}}
+                raise ServiceError(
+                    "ValidationException", f"Model Package Group already exists: {self._group_arn(name)}"
+                )
+            group = {
+                "ModelPackageGroupName": name,
+                "ModelPackageGroupArn": self._group_arn(name),
+                "ModelPackageGroupDescription": request.get("ModelPackageGroupDescription", ""),
+                "CreationTime": time.time(),
+                "ModelPackageGroupStatus": "Completed",
+                "CreatedBy": {},
+            }
             _atomic_write(path, json.dumps(group).encode())
         return {"ModelPackageGroupArn": group["ModelPackageGroupArn"]}
 
@@ -330,8 +370,9 @@ class SessionService:
 
     def _packages(self, group: str) -> list[dict]:
         folder = self.root / "model-packages" / group
-        return sorted((json.loads(p.read_text()) for p in folder.glob("*.json")),
-                      key=lambda p: p["ModelPackageVersion"])
+        return sorted(
+            (json.loads(p.read_text()) for p in folder.glob("*.json")), key=lambda p: p["ModelPackageVersion"]
+        )
 
     def _package(self, arn: str) -> dict:
         try:
@@ -346,25 +387,39 @@ class SessionService:
         with self.lock:
             version = len(self._packages(group)) + 1
             package = {
-                "ModelPackageName": group, "ModelPackageGroupName": group, "ModelPackageVersion": version,
+                "ModelPackageName": group,
+                "ModelPackageGroupName": group,
+                "ModelPackageVersion": version,
                 "ModelPackageArn": f"arn:aws:sagemaker:{self.region}:{ACCOUNT_ID}:model-package/{group}/{version}",
-                "ModelPackageDescription": description, "CreationTime": time.time(),
-                "ModelPackageStatus": "Completed", "ModelApprovalStatus": "PendingManualApproval",
+                "ModelPackageDescription": description,
+                "CreationTime": time.time(),
+                "ModelPackageStatus": "Completed",
+                "ModelApprovalStatus": "PendingManualApproval",
                 "InferenceSpecification": {
-                    "Containers": [{
-                        "Image": "local-mode",
-                        "ModelDataSource": {"S3DataSource": {"S3Uri": s3_uri, "S3DataType": "S3Prefix",
-                                                             "CompressionType": "None"}},
-                        "BaseModel": {"HubContentName": name, "HubContentVersion": entry["version"]},
-                        "IsCheckpoint": checkpoint,
-                    }],
+                    "Containers": [
+                        {
+                            "Image": "local-mode",
+                            "ModelDataSource": {
+                                "S3DataSource": {
+                                    "S3Uri": s3_uri,
+                                    "S3DataType": "S3Prefix",
+                                    "CompressionType": "None",
+                                }
+                            },
+                            "BaseModel": {"HubContentName": name, "HubContentVersion": entry["version"]},
+                            "IsCheckpoint": checkpoint,
+                        }
+                    ],
                     "SupportedContentTypes": ["application/json"],
                     "SupportedResponseMIMETypes": ["application/json"],
                 },
                 "ModelPackageStatusDetails": {"ValidationStatuses": [], "ImageScanStatuses": []},
-                "_session": live.name, "_lora": live.detail["LoraConfig"],
+                "_session": live.name,
+                "_lora": live.detail["LoraConfig"],
             }
-            _atomic_write(self.root / "model-packages" / group / f"{version}.json", json.dumps(package).encode())
+            _atomic_write(
+                self.root / "model-packages" / group / f"{version}.json", json.dumps(package).encode()
+            )
         return package
 
     def describe_model_package(self, request: dict) -> dict:
@@ -373,20 +428,29 @@ class SessionService:
 
     def list_model_packages(self, request: dict) -> dict:
         packages = self._packages(self._group_name(request.get("ModelPackageGroupName", "")))
-        packages.sort(key=lambda p: p["CreationTime"], reverse=request.get("SortOrder", "Ascending") == "Descending")
-        start = int(request.get("NextToken", 0))
-        size = request.get("MaxResults", 10)
-        keys = ("ModelPackageName", "ModelPackageGroupName", "ModelPackageVersion", "ModelPackageArn",
-                "ModelPackageDescription", "CreationTime", "ModelPackageStatus", "ModelApprovalStatus")
-        response = {"ModelPackageSummaryList": [{k: p[k] for k in keys} for p in packages[start: start + size]]}
-        if start + size < len(packages):
-            response["NextToken"] = str(start + size)
-        return response
+        packages.sort(
+            key=lambda p: p["CreationTime"], reverse=request.get("SortOrder", "Ascending") == "Descending"
+        )
+        keys = (
+            "ModelPackageName",
+            "ModelPackageGroupName",
+            "ModelPackageVersion",
+            "ModelPackageArn",
+            "ModelPackageDescription",
+            "CreationTime",
+            "ModelPackageStatus",
+            "ModelApprovalStatus",
+        )
+        return _page(packages, request, "ModelPackageSummaryList", keys)
 
     def delete_model_package(self, request: dict) -> dict:
         package = self._package(request["ModelPackageName"])
-        (self.root / "model-packages" / package["ModelPackageGroupName"] /
-         f"{package['ModelPackageVersion']}.json").unlink()
+        (
+            self.root
+            / "model-packages"
+            / package["ModelPackageGroupName"]
+            / f"{package['ModelPackageVersion']}.json"
+        ).unlink()
         return {}
 
     # ---- control plane
@@ -399,18 +463,33 @@ class SessionService:
             self.describe_model_package_group({"ModelPackageGroupName": group})
         output = request["OutputConfig"]["S3Location"]["Path"]
         if not output.startswith("s3://"):
-            raise ServiceError("ValidationException", f"OutputConfig.S3Location.Path {output} must be an s3:// URI.")
+            raise ServiceError(
+                "ValidationException", f"OutputConfig.S3Location.Path {output} must be an s3:// URI."
+            )
         with self.lock:
             if self._session_path(name).exists():
-                raise ServiceError("ResourceInUse", f"A training session named {name} already exists ({arn}); "
-                                                    "choose another name or delete that session first.")
+                raise ServiceError(
+                    "ResourceInUse",
+                    f"A training session named {name} already exists ({arn}); "
+                    "choose another name or delete that session first.",
+                )
             now = time.time()
             detail = {
-                "TrainingSessionArn": arn, "TrainingSessionName": name, "TrainingSessionStatus": "Created",
-                "CreationTime": now, "LastModifiedTime": now, "LastReceivedSequenceNumber": 0,
-                "BillableTokenUsage": {"PrefillTokenCount": 0, "SampleTokenCount": 0, "TrainingTokenCount": 0},
-                "RoleArn": request["RoleArn"], "LoraConfig": request["LoraConfig"],
-                "ModelConfig": request["ModelConfig"], "OutputConfig": request["OutputConfig"],
+                "TrainingSessionArn": arn,
+                "TrainingSessionName": name,
+                "TrainingSessionStatus": "Created",
+                "CreationTime": now,
+                "LastModifiedTime": now,
+                "LastReceivedSequenceNumber": 0,
+                "BillableTokenUsage": {
+                    "PrefillTokenCount": 0,
+                    "SampleTokenCount": 0,
+                    "TrainingTokenCount": 0,
+                },
+                "RoleArn": request["RoleArn"],
+                "LoraConfig": request["LoraConfig"],
+                "ModelConfig": request["ModelConfig"],
+                "OutputConfig": request["OutputConfig"],
                 "_owner": self.identity,
             }
             for key in ("ModelPackageGroupArn", "VpcConfig", "Tags"):
@@ -420,7 +499,9 @@ class SessionService:
         # The model is loaded before answering, so the first Describe already says Running (the SDK
         # polls every 10 s: a Created -> Running transition would cost each new session that long).
         try:
-            engine = engine_module.Engine(entry["path"], request["LoraConfig"]["Rank"], request["LoraConfig"]["Alpha"])
+            engine = engine_module.Engine(
+                entry["path"], request["LoraConfig"]["Rank"], request["LoraConfig"]["Alpha"]
+            )
         except Exception as error:  # noqa: BLE001
             self._end(detail, "Failed", error=f"Loading base model {entry['HuggingfaceId']} failed: {error}")
             return {"TrainingSessionArn": arn}
@@ -437,7 +518,9 @@ class SessionService:
     def list_training_sessions(self, request: dict) -> dict:
         details = [self.load(p.stem) for p in (self.root / "sessions").glob("*.json")]
         if "NameContains" in request:
-            details = [d for d in details if request["NameContains"].lower() in d["TrainingSessionName"].lower()]
+            details = [
+                d for d in details if request["NameContains"].lower() in d["TrainingSessionName"].lower()
+            ]
         if "StatusEquals" in request:
             details = [d for d in details if d["TrainingSessionStatus"] == request["StatusEquals"]]
         if "CreationTimeAfter" in request:
@@ -445,29 +528,31 @@ class SessionService:
         if "CreationTimeBefore" in request:
             details = [d for d in details if d["CreationTime"] < float(request["CreationTimeBefore"])]
         details.sort(key=lambda d: d["CreationTime"], reverse=True)
-        start, size = int(request.get("NextToken", 0)), request.get("MaxResults", 10)
         keys = ("TrainingSessionArn", "TrainingSessionStatus", "CreationTime", "LastModifiedTime")
-        response = {"TrainingSessionSummaries": [{k: d[k] for k in keys} for d in details[start: start + size]]}
-        if start + size < len(details):
-            response["NextToken"] = str(start + size)
-        return response
+        return _page(details, request, "TrainingSessionSummaries", keys)
 
     def stop_training_session(self, request: dict) -> dict:
         detail = self.load(request["TrainingSessionName"])
         status = detail["TrainingSessionStatus"]
         if status not in ACTIVE:
-            raise ServiceError("ValidationException", f"Training session {detail['TrainingSessionName']}: invalid "
-                                                      f"session state transition from {status} to Stopping.")
+            raise ServiceError(
+                "ValidationException",
+                f"Training session {detail['TrainingSessionName']}: invalid "
+                f"session state transition from {status} to Stopping.",
+            )
         self._end(detail, "Stopped")
         return {}
 
     def delete_training_session(self, request: dict) -> dict:
         detail = self.load(request["TrainingSessionName"])
         if detail["TrainingSessionStatus"] in ACTIVE + ("Stopping",):
-            raise ServiceError("ConflictException",
-                               f"Training session {detail['TrainingSessionName']} is "
-                               f"{detail['TrainingSessionStatus']}: stop it first (StopTrainingSession), then "
-                               "delete it.", status=409)
+            raise ServiceError(
+                "ConflictException",
+                f"Training session {detail['TrainingSessionName']} is "
+                f"{detail['TrainingSessionStatus']}: stop it first (StopTrainingSession), then "
+                "delete it.",
+                status=409,
+            )
         self._session_path(detail["TrainingSessionName"]).unlink()
         return {}
 
@@ -481,15 +566,22 @@ class SessionService:
                 "ConflictException",
                 f"Training session {name} is {detail['TrainingSessionStatus']}{extra}: operations run only on a "
                 "Running session. Create a new one (from a checkpoint with create_training_client_from_state).",
-                status=409)
+                status=409,
+            )
         return live
 
     def execute_training_operation(self, request: dict) -> dict:
         live = self._live(request["trainingSessionName"])
         kind, config = _union(request["operationConfig"], "operationConfig")
-        if kind in ("forward", "forwardBackward"):  # refused now, not when it runs: the session stays as it was
-            engine_module.parse_datums(config["datumList"], config["lossFnName"])
-            engine_module.check_loss_config(config["lossFnName"], config.get("lossFnConfig"))
+        if kind in (
+            "forward",
+            "forwardBackward",
+        ):  # refused now, not when it runs: the session stays as it was
+            try:
+                engine_module.check_loss_config(config["lossFnName"], config.get("lossFnConfig"))
+                engine_module.parse_datums(config["datumList"], config["lossFnName"])
+            except engine_module.InputError as error:
+                raise ServiceError("ValidationException", str(error)) from None
         if kind == "loadState":
             self._package(config["modelPackageArn"])
         operation = live.submit_training(request["sequenceNumber"], request.get("clientToken"), kind, config)
@@ -502,7 +594,10 @@ class SessionService:
             self._package(config["modelPackageArn"])
         prompt = config.get("prompt")
         if prompt is not None:
-            engine_module.model_input_tokens(prompt, "prompt")
+            try:
+                engine_module.model_input_tokens(prompt, "prompt")
+            except engine_module.InputError as error:
+                raise ServiceError("ValidationException", str(error)) from None
         return {"operationId": live.submit_sampling(kind, config).id}
 
     def operation_result(self, request: dict) -> dict:
@@ -511,9 +606,11 @@ class SessionService:
         operation = live.operations.get(request["operationId"]) if live else None
         if operation is None:
             self.load(name)
-            raise ServiceError("ResourceNotFoundException",
-                               f"Operation {request['operationId']} does not exist in training session {name}.",
-                               status=404)
+            raise ServiceError(
+                "ResourceNotFoundException",
+                f"Operation {request['operationId']} does not exist in training session {name}.",
+                status=404,
+            )
         # Held until the operation ends (or LONG_POLL_SECONDS pass): the SDK polls every 2 s, so an
         # immediate "InProgress" would add up to 2 s to every result().
         operation.done.wait(LONG_POLL_SECONDS)
@@ -523,8 +620,9 @@ class SessionService:
         engine, config = live.engine, operation.config
         if operation.kind in ("forward", "forwardBackward"):
             backward = operation.kind == "forwardBackward"
-            result, tokens = engine.forward_backward(config["lossFnName"], config["datumList"],
-                                                     config.get("lossFnConfig"), backward)
+            result, tokens = engine.forward_backward(
+                config["lossFnName"], config["datumList"], config.get("lossFnConfig"), backward
+            )
             return result, {"TrainingTokenCount" if backward else "PrefillTokenCount": tokens}
         if operation.kind == "optimizerStep":
             return engine.optim_step(config["adamParamsConfig"]), {}
@@ -537,31 +635,39 @@ class SessionService:
         raise ServiceError("ValidationException", f"Unknown training operation {operation.kind}.")
 
     def run_sampling_operation(self, live: LiveSession, operation: Operation) -> tuple[dict, dict]:
+        """Sampling and scoring read a saved model package's weights, or the base model when none is
+        named: SageMaker's SDK documents ``model_package_arn=""`` as the base model (Tinker samples
+        only saved weights too), so the adapter being trained is never sampled mid-step."""
         engine, config = live.engine, operation.config
         if operation.kind == "loadWeightsForSampling":
             self._adapter_of(self._package(config["modelPackageArn"]))
             return {}, {}
         package = self._package(config["modelPackageArn"]) if config.get("modelPackageArn") else None
-        if package is not None and package["_lora"]["Rank"] != live.detail["LoraConfig"]["Rank"]:
-            engine = self._package_engine(live, package)  # another rank: its own model, cached
-            package = None
+        swap = package is not None
+        if swap and package["_lora"]["Rank"] != live.detail["LoraConfig"]["Rank"]:
+            engine, swap = self._package_engine(live, package), False  # another rank: its own model, cached
+        tokens = engine_module.model_input_tokens(config["prompt"], "prompt")
         with engine.lock:
-            current = engine.adapter_state() if package is not None else None
+            current = engine.adapter_state() if swap else None
             try:
-                if current is not None:
+                if swap:
                     engine.load_adapter_from_peft(self._adapter_of(package))
-                tokens = engine_module.model_input_tokens(config["prompt"], "prompt")
-                if operation.kind == "computeLogprobs":
-                    return {"logprobs": engine.compute_logprobs(tokens)}, {"PrefillTokenCount": len(tokens)}
-                samples = engine.sample(tokens, config["numSamples"], config["samplingParams"])
-                result = {"sequences": samples}
-                if config.get("includePromptLogprobs"):
-                    result["promptLogprobs"] = engine.compute_logprobs(tokens)
-                usage = {"PrefillTokenCount": len(tokens) * config["numSamples"],
-                         "SampleTokenCount": sum(len(s["tokens"]) for s in samples)}
+                with engine.adapter_enabled(package is not None):
+                    if operation.kind == "computeLogprobs":
+                        return {"logprobs": engine.compute_logprobs(tokens)}, {
+                            "PrefillTokenCount": len(tokens)
+                        }
+                    samples = engine.sample(tokens, config["numSamples"], config["samplingParams"])
+                    result = {"sequences": samples}
+                    if config.get("includePromptLogprobs"):
+                        result["promptLogprobs"] = engine.compute_logprobs(tokens)
+                usage = {
+                    "PrefillTokenCount": len(tokens) * config["numSamples"],
+                    "SampleTokenCount": sum(len(s["tokens"]) for s in samples),
+                }
                 return result, usage
             finally:
-                if current is not None:
+                if swap:
                     engine.load_adapter(current)
 
     def _package_engine(self, live: LiveSession, package: dict) -> engine_module.Engine:
@@ -581,11 +687,13 @@ class SessionService:
         checkpoint = operation.kind == "saveState"
         base = live.detail["OutputConfig"]["S3Location"]["Path"].rstrip("/")
         folder = "checkpoints" if checkpoint else "weights"
-        prefix = f"{base}/{live.name}/{folder}/{uuid.uuid4().hex[:8]}"
+        prefix = f"{base}/{folder}/{uuid.uuid4().hex[:8]}"  # the SDK's default path already names the session
         bucket, key = _split_s3(prefix)
         self._ensure_bucket(bucket)
         with tempfile.TemporaryDirectory() as tmp:
-            live.engine.model.save_pretrained(tmp)  # a PEFT adapter folder: PeftModel.from_pretrained loads it
+            live.engine.model.save_pretrained(
+                tmp
+            )  # a PEFT adapter folder: PeftModel.from_pretrained loads it
             files = {p.name: p.read_bytes() for p in Path(tmp).iterdir() if p.is_file()}
         if checkpoint:
             files["optimizer.pt"] = live.engine.state_bytes(with_optimizer=True)
@@ -595,7 +703,9 @@ class SessionService:
             files["hf_merged/model.safetensors"] = save(live.engine.merged_state())
         for name, data in files.items():
             self.aws.s3.put_object(Bucket=bucket, Key=f"{key}/{name}", Body=data)
-        package = self.register_package(live, prefix + "/", checkpoint, operation.config.get("description", ""))
+        package = self.register_package(
+            live, prefix + "/", checkpoint, operation.config.get("description", "")
+        )
         return {"modelPackageArn": package["ModelPackageArn"]}
 
     def _ensure_bucket(self, bucket: str) -> None:
@@ -610,25 +720,36 @@ class SessionService:
         try:
             return self.aws.s3.get_object(Bucket=bucket, Key=f"{key}/{name}")["Body"].read()
         except Exception:  # noqa: BLE001
-            raise ServiceError("ValidationException", f"Model package {package['ModelPackageArn']} has no {name} "
-                                                      f"under {uri}: its artifacts were deleted.") from None
+            raise ServiceError(
+                "ValidationException",
+                f"Model package {package['ModelPackageArn']} has no {name} "
+                f"under {uri}: its artifacts were deleted.",
+            ) from None
 
     def _adapter_of(self, package: dict) -> dict:
         from safetensors.torch import load
 
-        return load(self._read(package, "adapter_model.safetensors"))
+        arn = package["ModelPackageArn"]
+        with self.lock:
+            if arn not in self._adapters:  # a loop samples the same saved weights many times
+                self._adapters = {arn: load(self._read(package, "adapter_model.safetensors"))}
+            return self._adapters[arn]
 
     def _load_package(self, live: LiveSession, package: dict, with_optimizer: bool) -> None:
         if package["_lora"]["Rank"] != live.detail["LoraConfig"]["Rank"]:
-            raise ServiceError("ValidationException",
-                               f"Model package {package['ModelPackageArn']} was saved with LoRA rank "
-                               f"{package['_lora']['Rank']}; this session has rank {live.detail['LoraConfig']['Rank']}. "
-                               "Create the session with the checkpoint's rank.")
+            raise ServiceError(
+                "ValidationException",
+                f"Model package {package['ModelPackageArn']} was saved with LoRA rank "
+                f"{package['_lora']['Rank']}; this session has rank {live.detail['LoraConfig']['Rank']}. "
+                "Create the session with the checkpoint's rank.",
+            )
         is_checkpoint = package["InferenceSpecification"]["Containers"][0]["IsCheckpoint"]
         if with_optimizer and not is_checkpoint:
-            raise ServiceError("ValidationException",
-                               f"Model package {package['ModelPackageArn']} holds weights only (saveWeights): load it "
-                               "without the optimizer, or give a saveState checkpoint.")
+            raise ServiceError(
+                "ValidationException",
+                f"Model package {package['ModelPackageArn']} holds weights only (saveWeights): load it "
+                "without the optimizer, or give a saveState checkpoint.",
+            )
         engine = live.engine
         with engine.lock:
             engine.load_adapter_from_peft(self._adapter_of(package))
@@ -647,11 +768,21 @@ class SessionService:
             self.save(live.detail)
 
 
+def _page(items: list[dict], request: dict, list_key: str, keys: tuple[str, ...]) -> dict:
+    """One page of a List* answer: MaxResults summaries from NextToken (an offset) on."""
+    start, size = int(request.get("NextToken", 0)), request.get("MaxResults", 10)
+    response = {list_key: [{k: item[k] for k in keys if k in item} for item in items[start : start + size]]}
+    if start + size < len(items):
+        response["NextToken"] = str(start + size)
+    return response
+
+
 def _union(config: dict, where: str) -> tuple[str, dict]:
     """The one member set in a union shape (botocore checks the shape, not that exactly one is set)."""
     members = [k for k, v in config.items() if v is not None]
     if len(members) != 1:
-        raise ServiceError("ValidationException",
-                           f"{where} must set exactly one operation, got {len(members)} ({', '.join(members) or 'none'}).")
+        raise ServiceError(
+            "ValidationException",
+            f"{where} must set exactly one operation, got {len(members)} ({', '.join(members) or 'none'}).",
+        )
     return members[0], config[members[0]]
-
