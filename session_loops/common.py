@@ -189,7 +189,8 @@ def ratio_stats(datums, outputs, low: float, high: float) -> dict[str, float]:
     kl = 0.0
     for datum, output in zip(datums, outputs, strict=True):
         inputs = datum.loss_fn_inputs
-        for w, old, new in zip(_values(inputs["weights"]), _values(inputs["logprobs"]), _values(output["logprobs"])):
+        for w, old, new in zip(_values(inputs["weights"]), _values(inputs["logprobs"]), _values(output["logprobs"]),
+                               strict=True):
             if w:
                 ratio = math.exp(new - old)
                 outside += not (low <= ratio <= high)
