@@ -38,4 +38,7 @@ $(SESSIONS_VENV)/.stamp: requirements-sessions.txt
 	@test -x $(SESSIONS_VENV)/bin/python || $(PYTHON) -m venv $(SESSIONS_VENV)
 	$(SESSIONS_VENV)/bin/python -m pip install -q --disable-pip-version-check -r requirements-sessions.txt
 	$(SESSIONS_VENV)/bin/python -m pip check
+	# The kernel notebooks 07+ name: papermill (main env) starts it by this name.
+	$(SESSIONS_VENV)/bin/python -m ipykernel install --user --name sagemaker-training-sessions \
+		--display-name "SageMaker training sessions (SDK v3)"
 	@touch $@

@@ -24,6 +24,8 @@ import sys
 import time
 from pathlib import Path
 
+from helpers import session_notebooks as training_sessions
+
 REPO = Path(__file__).resolve().parents[1]
 NOTEBOOK_DIR = REPO / "notebooks"
 
@@ -38,6 +40,7 @@ CI_PARAMETERS = {
     "05": {"max_steps": 4, "batch_size": 2, "num_generations": 2, "micro_batch_size": 4, "max_new_tokens": 16,
            "checkpoint_every": 1, "interrupt_after_step": 2},
     "06": {"max_eval_examples": 4, "max_new_tokens": 16},
+    **training_sessions.CI_PARAMETERS,
 }
 
 
@@ -91,7 +94,8 @@ def run(out: Path, only: list[str] | None = None, cell_timeout: int = 900) -> di
         try:
             papermill.execute_notebook(
                 str(notebook), str(executed), parameters=ci_parameters(notebook, work_dir),
-                cwd=str(NOTEBOOK_DIR), kernel_name="python3", progress_bar=False, log_output=False,
+                cwd=str(NOTEBOOK_DIR), kernel_name=training_sessions.kernel_name(notebook), progress_bar=False,
+                log_output=False,
                 execution_timeout=cell_timeout,
             )
             entry["status"] = "ok"
@@ -146,6 +150,7 @@ def build_summary(results: list[dict], state_file: Path, out: Path) -> dict:
         "jobs": jobs,
         "evaluation": state.get("evaluation", {}),
         "spot": state.get("spot", {}),
+        "training_sessions": training_sessions.records(state_file.parent),
         "paths": {"executed notebooks": str(out / "notebooks"), "state file": str(state_file),
                   "local mode root (S3, jobs, logs, /opt/ml trees)": str(out / "sagemaker-local"),
                   "S3 objects, mirrored on disk (s3://<bucket>/<key> is <this>/<bucket>/<key>)":
@@ -183,6 +188,7 @@ def render_markdown(summary: dict) -> str:
         s = summary["spot"]
         lines += ["", "## Managed spot", "", f"- {s.get('job_name')}: resumed from step {s.get('resumed_from_step')}, "
                   f"savings {s.get('savings_percent')}% ({s.get('note', '')})"]
+    lines += training_sessions.render(summary.get("training_sessions") or [])
     lines += ["", "## Where things are", ""] + [f"- {k}: {v}" for k, v in summary["paths"].items()]
     return "\n".join(lines) + "\n"
 

@@ -9,6 +9,7 @@ datums: the loop owns normalisation (here: divide by the step's target tokens).
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import json
 import os
@@ -60,11 +61,30 @@ def start_local_endpoint(root: str | os.PathLike | None = None) -> dict[str, str
     return environment
 
 
-def connect(run_mode: str, region: str, role: str, **service_options):
-    """A ``ServiceClient`` for SageMaker or for the local endpoint; the same calls follow either way."""
+LOCAL_ROLE = "arn:aws:iam::123456789012:role/SageMakerRole"
+
+
+def local_warm_start_model() -> str:
+    """Local mode: the tiny model tuned to answer '#### n', registered with the local endpoint (built
+    once per machine by ``local_warm_start.py`` in the main environment, which has torch)."""
+    python = os.environ.get("MAIN_ENV_PYTHON") or str(REPO / ".venv" / "bin" / "python")
+    done = subprocess.run([python, "-m", "session_loops.local_warm_start"], cwd=REPO, capture_output=True,
+                          text=True, timeout=900)
+    if done.returncode != 0:
+        raise RuntimeError(f"Building the local warm-start model failed:\n{done.stderr[-2000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])["base_model"]
+
+
+def connect(run_mode: str, region: str | None, role: str | None, **service_options):
+    """A ``ServiceClient`` for SageMaker or for the local endpoint; the same calls follow either way.
+    Returns it and the run mode ("auto" resolved)."""
     run_mode = resolve_run_mode(run_mode)
     if run_mode == "local":
         start_local_endpoint()
+        region, role = region or "us-east-1", role or LOCAL_ROLE
+    elif role is None:
+        raise ValueError("Set role to the ARN of an IAM role that SageMaker training sessions may assume "
+                         "(your Studio execution role works: it is shown in the Studio domain's settings).")
     from sagemaker.train.training_session import ServiceClient
 
     return ServiceClient(region=region, role_arn=role, **service_options), run_mode
@@ -111,8 +131,26 @@ def training_session(service, base_model: str, rank: int, alpha: int, **options)
     try:
         yield client
     finally:
-        with contextlib.suppress(Exception):  # already stopped, or the service is gone: nothing left to free
-            client.stop()
+        close_session(client)
+
+
+def open_session(service, base_model: str, rank: int, alpha: int, **options):
+    """A LoRA training client for notebooks, whose cells cannot share one ``with``: the session is
+    stopped by ``close_session`` in the last cell, or when the kernel exits (papermill stops the kernel
+    after a failing cell). In Jupyter a failed cell leaves it Running until the last cell, a kernel
+    restart, or the service's idle expiry."""
+    try:
+        client = service.create_lora_training_client(base_model, rank=rank, alpha=alpha, **options)
+    except Exception as error:
+        raise explain(error) from error
+    atexit.register(close_session, client)
+    print(f"Training session {client.training_session_name} is Running.")
+    return client
+
+
+def close_session(client) -> None:
+    with contextlib.suppress(Exception):  # already stopped, or the service is gone: nothing left to free
+        client.stop()
         print(f"Stopped training session {client.training_session_name}.")
 
 
@@ -222,3 +260,20 @@ def log_step(history: list[dict], record: dict) -> None:
     history.append(record)
     print("  ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in record.items() if k != "time"),
           flush=True)
+
+
+def record(work_dir: str | os.PathLike, notebook: str, training_client, history: list[dict], **extra) -> dict:
+    """Append this notebook's session (name, status, steps, final metrics, billable tokens) to
+    ``<work_dir>/training_sessions.json``, which the main job's summary reads."""
+    import boto3
+
+    name = training_client.training_session_name
+    detail = boto3.client("sagemaker").describe_training_session(TrainingSessionName=name)["TrainingSessionDetail"]
+    entry = {"notebook": notebook, "session": name, "status": detail["TrainingSessionStatus"], "steps": len(history),
+             "final_metrics": {k: v for k, v in (history[-1] if history else {}).items() if k not in ("step", "time")},
+             "billable_tokens": billable_tokens(name), **extra}
+    path = Path(work_dir) / "training_sessions.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    entries = [e for e in (json.loads(path.read_text()) if path.exists() else []) if e["notebook"] != notebook]
+    path.write_text(json.dumps(entries + [entry], indent=1))
+    return entry
