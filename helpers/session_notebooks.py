@@ -20,6 +20,7 @@ CI_PARAMETERS = {
     "08": {"base_model": "local/tiny-qwen2-gsm8k-format", "lora_rank": 16, "lora_alpha": 32, "task": "count",
            "steps": 16, "problems_per_step": 16, "group_size": 8, "learning_rate": 1e-3, "stop": ["\n"],
            "held_out_problems": 32},
+    "10": {"base_model": "local/tiny-qwen2", "lora_rank": 8, "lora_alpha": 16, "steps": 2, "learning_rate": 3e-3},
 }
 
 

@@ -154,6 +154,37 @@ def close_session(client) -> None:
         print(f"Stopped training session {client.training_session_name}.")
 
 
+# --------------------------------------------------------------------------- the raw API (boto3)
+
+def base_model_arn(sagemaker_client, base_model: str) -> str:
+    """The public hub's ARN for a model id (``provider/model``), as CreateTrainingSession wants it."""
+    keyword = f"@huggingface-id:{base_model.lower()}"
+    request = {"HubName": "SageMakerPublicHub", "HubContentType": "Model"}
+    while True:
+        page = sagemaker_client.list_hub_contents(**request)
+        for summary in page["HubContentSummaries"]:
+            if keyword in summary.get("HubContentSearchKeywords", []):
+                return summary["HubContentArn"]
+        if not page.get("NextToken"):
+            break
+        request["NextToken"] = page["NextToken"]
+    raise ValueError(f"No public hub model has the id {base_model!r} in this Region.")
+
+
+def wait_for_operation(runtime_client, session_name: str, operation_id: str, timeout: float = 600) -> dict:
+    """Poll GetTrainingOperationResult until the operation ends; a Failed one raises with its reason."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        answer = runtime_client.get_training_operation_result(trainingSessionName=session_name,
+                                                              operationId=operation_id)
+        if answer["status"] == "Completed":
+            return answer
+        if answer["status"] in ("Failed", "Skipped"):
+            raise RuntimeError(f"Operation {operation_id} {answer['status']}: {answer.get('errorDetails', answer)}")
+        time.sleep(1)  # the service holds each request until the operation ends or ~20 s pass
+    raise TimeoutError(f"Operation {operation_id} did not finish within {timeout:.0f} s.")
+
+
 # --------------------------------------------------------------------------- datums
 
 def prompt_ids(tokenizer, messages: list[dict]) -> list[int]:
@@ -192,6 +223,17 @@ def policy_gradient_datum(prompt: list[int], sample, advantage: float):
         "logprobs": [0.0] * n_prompt + [float(x) for x in sample.logprobs],
         "advantages": [0.0] * n_prompt + [advantage] * n_answer,
     })
+
+
+def wire_datum(datum) -> dict:
+    """A datum as ExecuteTrainingOperation's ``datumList`` takes it (the raw API, notebook 10)."""
+    return {"modelInput": {"chunks": [{"tokens": datum.model_input.to_ints(), "type": "encoded_text"}]},
+            "lossFnInputs": {"target_tokens": {"data": _values(datum.loss_fn_inputs["target_tokens"]), "dtype": "int64"},
+                             "weights": {"data": _values(datum.loss_fn_inputs["weights"]), "dtype": "float32"}}}
+
+
+def target_tokens_of_wire(datum_list: list[dict]) -> int:
+    return sum(sum(1 for w in d["lossFnInputs"]["weights"]["data"] if w) for d in datum_list)
 
 
 def target_tokens(datums) -> int:

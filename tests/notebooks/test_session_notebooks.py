@@ -23,7 +23,8 @@ SESSION_NOTEBOOKS = sorted(p for p in (REPO / "notebooks").glob("[0-9][0-9]_*.ip
 
 
 def test_the_session_notebooks_are_there():
-    assert [p.name for p in SESSION_NOTEBOOKS] == ["07_session_sft.ipynb", "08_session_grpo.ipynb"]
+    assert [p.name for p in SESSION_NOTEBOOKS] == ["07_session_sft.ipynb", "08_session_grpo.ipynb",
+                                                   "10_session_raw_api.ipynb"]
 
 
 @pytest.mark.parametrize("path", SESSION_NOTEBOOKS, ids=lambda p: p.name)
@@ -75,3 +76,15 @@ def test_session_grpo_raises_reward_and_held_out_accuracy(notebook_run):
     assert record["held_out"]["after"] > record["held_out"]["before"], record["held_out"]
     assert record["billable_tokens"]["sample"] > 0 and record["billable_tokens"]["training"] > 0
     assert "## Training sessions" in (notebook_run.out / "summary.md").read_text()
+
+
+def test_raw_api_notebook_steps_with_sequence_numbers_and_deletes_its_session(notebook_run):
+    ran = {r["notebook"]: r for r in notebook_run.summary["notebooks"]}
+    assert ran["10_session_raw_api.ipynb"]["status"] == "ok", ran["10_session_raw_api.ipynb"]
+    executed = nbformat.read(notebook_run.out / "notebooks" / "10_session_raw_api.ipynb", as_version=4)
+    text = "".join(o.get("text", "") for c in executed.cells if c.cell_type == "code" for o in c.outputs)
+    steps = session_notebooks.CI_PARAMETERS["10"]["steps"]
+    losses = [float(line.split("loss per answer token ")[1]) for line in text.splitlines() if "loss per answer" in line]
+    assert len(losses) == steps and losses[-1] < losses[0], losses
+    assert f"LastReceivedSequenceNumber {2 * steps}" in text  # the retried client token ran nothing new
+    assert "\nTrue\n" in text and "deleted raw-api-sft-" in text
