@@ -108,6 +108,20 @@ def explain(error: Exception) -> Exception:
     return error
 
 
+def session_arguments(description: str):
+    """The command line every loop takes: where the session runs and the LoRA it trains."""
+    import argparse
+
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--run-mode", default="auto", choices=["auto", "local", "sagemaker"])
+    parser.add_argument("--region", default=None)
+    parser.add_argument("--role", default=None, help="IAM role ARN (required with --run-mode sagemaker)")
+    parser.add_argument("--base-model", default=LOCAL_BASE_MODEL)
+    parser.add_argument("--rank", type=int, default=16)
+    parser.add_argument("--alpha", type=int, default=32)
+    return parser
+
+
 def choose_base_model(service, base_model: str) -> str:
     """``base_model`` if the service offers it, else an error listing what it does offer."""
     try:

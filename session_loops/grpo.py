@@ -21,7 +21,6 @@ or is clipped to [0.8, 1.2] (``ppo``); the loop reports the share of tokens outs
 
 from __future__ import annotations
 
-import argparse
 import random
 
 from session_loops import common
@@ -150,13 +149,7 @@ def warm_start(training_client, tokenizer, env, problems: list[dict], steps: int
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--run-mode", default="auto", choices=["auto", "local", "sagemaker"])
-    parser.add_argument("--region", default="us-east-1")
-    parser.add_argument("--role", default="arn:aws:iam::123456789012:role/SageMakerRole")
-    parser.add_argument("--base-model", default=common.LOCAL_BASE_MODEL)
-    parser.add_argument("--rank", type=int, default=16)
-    parser.add_argument("--alpha", type=int, default=32)
+    parser = common.session_arguments(__doc__.split("\n")[0])
     parser.add_argument("--warm-start-steps", type=int, default=8)
     parser.add_argument("--steps", type=int, default=12)
     parser.add_argument("--problems-per-step", type=int, default=8)

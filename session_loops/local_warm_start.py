@@ -29,9 +29,10 @@ WARM_START_MODEL = "local/tiny-qwen2-gsm8k-format"
 
 def build(out_dir: Path, steps: int, seed: int = 0) -> Path:
     import torch
+    from environments.gsm8k import GSM8KEnvironment
+    from grpo import pad_rows  # the job-side loop's padding
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from environments.gsm8k import GSM8KEnvironment
     from helpers.tiny_model import tiny_model_dir
     from session_loops.grpo import count_problems
 
@@ -50,11 +51,9 @@ def build(out_dir: Path, steps: int, seed: int = 0) -> Path:
             answer = tokenizer(problem["answer"], add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
             rows.append(prompt + answer)
             labels.append([-100] * len(prompt) + answer)
-        width = max(map(len, rows))
-        pad = tokenizer.pad_token_id
-        loss = model(input_ids=torch.tensor([r + [pad] * (width - len(r)) for r in rows]),
-                     attention_mask=torch.tensor([[1] * len(r) + [0] * (width - len(r)) for r in rows]),
-                     labels=torch.tensor([r + [-100] * (width - len(r)) for r in labels])).loss
+        input_ids, attention_mask = pad_rows(rows, tokenizer.pad_token_id, left=False, device="cpu")
+        label_ids, _ = pad_rows(labels, -100, left=False, device="cpu")
+        loss = model(input_ids=input_ids, attention_mask=attention_mask, labels=label_ids).loss
         loss.backward()
         optimizer.step()
         optimizer.zero_grad()

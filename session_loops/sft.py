@@ -10,7 +10,6 @@ The service returns the loss as a sum; the loop divides by the batch's answer to
 
 from __future__ import annotations
 
-import argparse
 import collections
 import random
 
@@ -65,13 +64,7 @@ def sample_answers(sampling_client, tokenizer, prompts: list[list[dict]], max_to
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--run-mode", default="auto", choices=["auto", "local", "sagemaker"])
-    parser.add_argument("--region", default="us-east-1")
-    parser.add_argument("--role", default="arn:aws:iam::123456789012:role/SageMakerRole")
-    parser.add_argument("--base-model", default=common.LOCAL_BASE_MODEL)
-    parser.add_argument("--rank", type=int, default=16)
-    parser.add_argument("--alpha", type=int, default=32)
+    parser = common.session_arguments(__doc__.split("\n")[0])
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--learning-rate", type=float, default=3e-3)
