@@ -77,12 +77,12 @@ def train(training_client, tokenizer, env, problems: list[dict], steps: int, pro
     config = PPO_CLIP if loss_fn == "ppo" else None
     history = [] if history is None else history
 
-    def sample(sampler, step):
+    def sample_batch(sampler, step):
         params = SamplingParams(max_tokens=512, temperature=temperature, seed=seed * 100_000 + step, stop=stop)
         return sample_groups(sampler, tokenizer, env, rng.sample(problems, problems_per_step), group_size, params)
 
     sampler = training_client.save_weights_and_get_sampling_client()
-    pending = sample(sampler, 0)
+    pending = sample_batch(sampler, 0)
     for step in range(steps):
         groups = score_groups(tokenizer, env, pending)
         completions, skipped = [], 0  # (prompt, sample, advantage) of the groups that teach something
@@ -108,7 +108,7 @@ def train(training_client, tokenizer, env, problems: list[dict], steps: int, pro
             forward_backward = training_client.forward_backward(datums, loss_fn=loss_fn, loss_fn_config=config)
             optim_step = training_client.optim_step(adam)
             if overlap and step + 1 < steps:
-                pending = sample(sampler, step + 1)  # on the weights from before this step: one update stale
+                pending = sample_batch(sampler, step + 1)  # on the weights from before this step: one update stale
             outputs = forward_backward.result().loss_fn_outputs
             optim_step.result()
             record.update(common.ratio_stats(datums, outputs, PPO_CLIP["clip_low_threshold"],
@@ -118,7 +118,7 @@ def train(training_client, tokenizer, env, problems: list[dict], steps: int, pro
         if step + 1 < steps:
             sampler = training_client.save_weights_and_get_sampling_client()
             if not (overlap and completions):
-                pending = sample(sampler, step + 1)
+                pending = sample_batch(sampler, step + 1)
     return history
 
 
