@@ -1,7 +1,7 @@
 """What the training-session loops share: connecting, datum construction, advantages, the session's
 lifetime, billing and metric lines.
 
-The loops (``sft.py``, ``grpo.py``, ``code_rl.py``) run in the notebook's process and drive a SageMaker
+The loops (``sft.py``, ``grpo.py``) run in the notebook's process and drive a SageMaker
 training session with the SDK v3 clients (``sagemaker.train.training_session``); the service keeps the
 model on its GPUs, the loop decides every step. Losses on the service are **sums** over tokens and
 datums: the loop owns normalisation (here: divide by the step's target tokens).
