@@ -58,8 +58,12 @@ clean-env:
 
 # The training-session environment: SageMaker SDK v3 (sagemaker-train) cannot share a virtual
 # environment with SDK v2 (both own sagemaker/__init__.py), so it gets its own.
-$(SESSIONS_VENV)/.stamp: requirements-sessions.txt
+$(SESSIONS_VENV)/.stamp: requirements-sessions.txt $(VENV)/.stamp
 	@test -x $(SESSIONS_VENV)/bin/python || $(PYTHON) -m venv $(SESSIONS_VENV)
 	$(SESSIONS_VENV)/bin/python -m pip install -q --disable-pip-version-check -r requirements-sessions.txt
 	$(SESSIONS_VENV)/bin/python -m pip check
+	# The kernel notebooks 07+ name, registered inside the main environment (where papermill and
+	# Jupyter look first), so each checkout runs them in its own SDK v3 environment.
+	$(SESSIONS_VENV)/bin/python -m ipykernel install --prefix $(abspath $(VENV)) --name sagemaker-training-sessions \
+		--display-name "SageMaker training sessions (SDK v3)"
 	@touch $@

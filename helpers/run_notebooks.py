@@ -24,6 +24,8 @@ import sys
 import time
 from pathlib import Path
 
+from helpers import session_notebooks as training_sessions
+
 REPO = Path(__file__).resolve().parents[1]
 NOTEBOOK_DIR = REPO / "notebooks"
 
@@ -45,6 +47,7 @@ CI_PARAMETERS = {
            "num_generations": 4, "micro_batch_size": 16, "max_new_tokens": 40},
     "05": {**GRPO_CI, "checkpoint_every": 4, "interrupt_after_step": 8},
     "06": {"max_eval_examples": 32, "max_new_tokens": 20},
+    **training_sessions.CI_PARAMETERS,
 }
 
 # The curve that shows each loop learning, by script: (metric, the direction it should go).
@@ -107,7 +110,8 @@ def run(out: Path, only: list[str] | None = None, cell_timeout: int = 900) -> di
         try:
             papermill.execute_notebook(
                 str(notebook), str(executed), parameters=ci_parameters(notebook, work_dir),
-                cwd=str(NOTEBOOK_DIR), kernel_name="python3", progress_bar=False, log_output=False,
+                cwd=str(NOTEBOOK_DIR), kernel_name=training_sessions.kernel_name(notebook), progress_bar=False,
+                log_output=False,
                 execution_timeout=cell_timeout,
             )
             entry["status"] = "ok"
@@ -204,6 +208,7 @@ def build_summary(results: list[dict], state_file: Path, out: Path) -> dict:
         "curves": learning_curves(state, out),
         "evaluation": state.get("evaluation", {}),
         "spot": state.get("spot", {}),
+        "training_sessions": training_sessions.records(state_file.parent),
         "paths": {"executed notebooks": str(out / "notebooks"), "state file": str(state_file),
                   "local mode root (S3, jobs, logs, /opt/ml trees)": str(out / "sagemaker-local"),
                   "S3 objects, mirrored on disk (s3://<bucket>/<key> is <this>/<bucket>/<key>)":
@@ -249,6 +254,7 @@ def render_markdown(summary: dict) -> str:
         s = summary["spot"]
         lines += ["", "## Managed spot", "", f"- {s.get('job_name')}: resumed from step {s.get('resumed_from_step')}, "
                   f"savings {s.get('savings_percent')}% ({s.get('note', '')})"]
+    lines += training_sessions.render(summary.get("training_sessions") or [])
     lines += ["", "## Where things are", ""] + [f"- {k}: {v}" for k, v in summary["paths"].items()]
     return "\n".join(lines) + "\n"
 

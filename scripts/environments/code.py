@@ -38,7 +38,6 @@ import zlib
 from collections import Counter
 from collections.abc import Callable
 
-from common import data
 
 SYSTEM_PROMPT = ("You are an expert competitive programmer. Solve the problem in Python 3. Think briefly, then "
                  "give the complete solution in one ```python code block.")
@@ -206,6 +205,8 @@ class CodeEnvironment:
         self.judge_time = 0.0
 
     def load(self, path) -> list[dict]:
+        from common import data  # torch-backed reader; the rewards need no torch (training sessions' env)
+
         rows = data.read_jsonl(path, [], check=normalize_problem)
         problems = [normalize_problem(row) for row in rows]
         if self.max_tests:

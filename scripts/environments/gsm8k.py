@@ -18,7 +18,6 @@ from __future__ import annotations
 import re
 from fractions import Fraction
 
-from common import data
 
 SYSTEM_PROMPT = "You are a helpful assistant. Solve the problem step by step and end with '#### <answer>'."
 
@@ -109,6 +108,8 @@ class GSM8KEnvironment:
     name = "gsm8k"
 
     def load(self, path) -> list[dict]:
+        from common import data  # torch-backed reader; the rewards need no torch (training sessions' env)
+
         return data.read_jsonl(path, ["question", "answer"], check=_check_row)
 
     def prompt_messages(self, example: dict) -> list[dict]:

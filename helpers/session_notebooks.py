@@ -1,0 +1,51 @@
+"""What the main job needs to run the training-session notebooks (07 onwards): their kernel, their CI
+parameters, and the summary's training-sessions section.
+
+They run in the SDK v3 environment's kernel (``sagemaker-training-sessions``, registered by the
+Makefile's ``.venv-sessions`` target); each records its session, steps, final metrics and billable
+tokens with ``session_loops.common.record`` in ``<work_dir>/training_sessions.json``.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+RECORDS_FILE = "training_sessions.json"
+
+# Local mode, the tiny model, a few steps (the notebooks default to the cloud).
+CI_PARAMETERS = {
+    "07": {"base_model": "local/tiny-qwen2", "lora_rank": 16, "lora_alpha": 32, "steps": 8, "batch_size": 16,
+           "learning_rate": 3e-3, "n_conversations": 64},
+    "08": {"base_model": "local/tiny-qwen2-gsm8k-format", "lora_rank": 16, "lora_alpha": 32, "task": "count",
+           "steps": 16, "problems_per_step": 16, "group_size": 8, "learning_rate": 1e-3, "stop": ["\n"],
+           "held_out_problems": 32},
+    "10": {"base_model": "local/tiny-qwen2", "lora_rank": 8, "lora_alpha": 16, "steps": 2, "learning_rate": 3e-3},
+}
+
+
+def kernel_name(notebook: Path) -> str:
+    """The kernel a notebook names in its metadata: python3 for 00-06, the SDK v3 kernel after."""
+    import nbformat
+
+    return nbformat.read(str(notebook), as_version=4).metadata.get("kernelspec", {}).get("name", "python3")
+
+
+def records(work_dir: Path) -> list[dict]:
+    path = Path(work_dir) / RECORDS_FILE
+    return json.loads(path.read_text()) if path.exists() else []
+
+
+def render(sessions: list[dict]) -> list[str]:
+    """The summary's markdown lines for the training sessions (none when no notebook ran one)."""
+    if not sessions:
+        return []
+    lines = ["", "## Training sessions", ""]
+    for s in sessions:
+        metrics = ", ".join(f"{k}={v:.4g}" for k, v in (s.get("final_metrics") or {}).items()
+                            if isinstance(v, (int, float)))
+        lines.append(f"- {s['notebook']}: {s['session']} -- {s['status']}; {s['steps']} steps; {metrics or 'no metrics'}")
+        lines.append(f"  - billable tokens: {s.get('billable_tokens')}")
+        if s.get("held_out"):
+            lines.append(f"  - held-out accuracy before {s['held_out']['before']:.3f}, after {s['held_out']['after']:.3f}")
+    return lines

@@ -1,0 +1,335 @@
+"""What the training-session loops share: connecting, datum construction, advantages, the session's
+lifetime, billing and metric lines.
+
+The loops (``sft.py``, ``grpo.py``) run in the notebook's process and drive a SageMaker
+training session with the SDK v3 clients (``sagemaker.train.training_session``); the service keeps the
+model on its GPUs, the loop decides every step. Losses on the service are **sums** over tokens and
+datums: the loop owns normalisation (here: divide by the step's target tokens).
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO / "scripts") not in sys.path:
+    sys.path.insert(0, str(REPO / "scripts"))  # the environments (rewards) the training-job scripts use
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))  # helpers.offline_data, the project's own data sets
+
+LOCAL_BASE_MODEL = "local/tiny-qwen2"
+# Prices per million tokens, an assumption for the estimate only: replace them with your Region's
+# figures from the SageMaker pricing page (training sessions bill prefill, sample and training tokens).
+PRICE_PER_MILLION = {"prefill": 0.10, "sample": 0.30, "training": 0.60}
+
+
+# --------------------------------------------------------------------------- connecting
+
+def resolve_run_mode(run_mode: str) -> str:
+    """"auto" is "sagemaker" when AWS credentials are found, otherwise "local" (saying so)."""
+    if run_mode not in ("auto", "local", "sagemaker"):
+        raise ValueError(f"run_mode must be 'auto', 'local' or 'sagemaker', got {run_mode!r}.")
+    if run_mode != "auto":
+        return run_mode
+    import boto3
+
+    found = boto3.Session().get_credentials() is not None
+    print(f"run_mode='auto': {'AWS credentials found, using SageMaker' if found else 'no AWS credentials, using local mode'}.")
+    return "sagemaker" if found else "local"
+
+
+def start_local_endpoint(root: str | os.PathLike | None = None) -> dict[str, str]:
+    """Start the local training-session endpoint (a process of the main environment, which has torch)
+    and point this process's SDK and boto3 at it. Returns the variables it set."""
+    python = os.environ.get("MAIN_ENV_PYTHON") or str(REPO / ".venv" / "bin" / "python")
+    code = ("import json; from helpers.local_mode import sessions; "
+            f"print(json.dumps(sessions.start_service({str(root) if root else None!r}).client_environment()))")
+    done = subprocess.run([python, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=300)
+    if done.returncode != 0:
+        raise RuntimeError(f"Local mode could not start the training-session endpoint with {python}:\n"
+                           f"{done.stderr[-2000:]}\nBuild the main environment first (README: make .venv/.stamp), "
+                           "or set MAIN_ENV_PYTHON to its python.")
+    environment = json.loads(done.stdout.strip().splitlines()[-1])
+    os.environ.update(environment)
+    return environment
+
+
+LOCAL_ROLE = "arn:aws:iam::123456789012:role/SageMakerRole"
+
+
+def local_warm_start_model() -> str:
+    """Local mode: the tiny model tuned to answer '#### n', registered with the local endpoint (built
+    once per machine by ``local_warm_start.py`` in the main environment, which has torch)."""
+    python = os.environ.get("MAIN_ENV_PYTHON") or str(REPO / ".venv" / "bin" / "python")
+    done = subprocess.run([python, "-m", "session_loops.local_warm_start"], cwd=REPO, capture_output=True,
+                          text=True, timeout=900)
+    if done.returncode != 0:
+        raise RuntimeError(f"Building the local warm-start model failed:\n{done.stderr[-2000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])["base_model"]
+
+
+def connect(run_mode: str, region: str | None, role: str | None, **service_options):
+    """A ``ServiceClient`` for SageMaker or for the local endpoint; the same calls follow either way.
+    Returns it and the run mode ("auto" resolved)."""
+    run_mode = resolve_run_mode(run_mode)
+    if run_mode == "local":
+        start_local_endpoint()
+        region, role = region or "us-east-1", role or LOCAL_ROLE
+    elif role is None:
+        raise ValueError("Set role to the ARN of an IAM role that SageMaker training sessions may assume "
+                         "(your Studio execution role works: it is shown in the Studio domain's settings).")
+    from sagemaker.train.training_session import ServiceClient
+
+    return ServiceClient(region=region, role_arn=role, **service_options), run_mode
+
+
+def explain(error: Exception) -> Exception:
+    """A SageMaker error turned into one that says what to do."""
+    code = getattr(error, "response", {}).get("Error", {}).get("Code", "")
+    message = str(error)
+    if code in ("AccessDeniedException", "AccessDenied") or "not authorized" in message:
+        return RuntimeError("SageMaker refused the training-session call: the role (or your identity) lacks "
+                            "sagemaker:CreateTrainingSession / the runtime's permissions, or training sessions are "
+                            f"not available in this account and Region. Original error: {message}")
+    if code in ("UnknownOperationException", "InvalidAction") or "Could not connect" in message:
+        return RuntimeError("This Region does not answer the training-session API: choose a Region where "
+                            f"SageMaker training sessions are offered. Original error: {message}")
+    if code in ("ResourceLimitExceeded", "ThrottlingException", "ServiceQuotaExceededException"):
+        return RuntimeError("A training-session quota is reached (concurrent sessions or tokens): stop idle "
+                            "sessions (ServiceClient.list_sessions / stop_session) or request a quota increase "
+                            f"in Service Quotas. Original error: {message}")
+    return error
+
+
+def session_arguments(description: str):
+    """The command line every loop takes: where the session runs and the LoRA it trains."""
+    import argparse
+
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--run-mode", default="auto", choices=["auto", "local", "sagemaker"])
+    parser.add_argument("--region", default=None)
+    parser.add_argument("--role", default=None, help="IAM role ARN (required with --run-mode sagemaker)")
+    parser.add_argument("--base-model", default=LOCAL_BASE_MODEL)
+    parser.add_argument("--rank", type=int, default=16)
+    parser.add_argument("--alpha", type=int, default=32)
+    return parser
+
+
+def choose_base_model(service, base_model: str) -> str:
+    """``base_model`` if the service offers it, else an error listing what it does offer."""
+    try:
+        offered = service.list_base_models()
+    except Exception as error:  # the first call that reaches the service: make its failure teach
+        raise explain(error) from error
+    if base_model not in offered:
+        raise ValueError(f"Base model {base_model!r} is not offered here. list_base_models() gives: "
+                         f"{', '.join(offered) or 'nothing'}. Set base_model to one of them.")
+    return base_model
+
+
+@contextlib.contextmanager
+def training_session(service, base_model: str, rank: int, alpha: int, **options):
+    """A LoRA training client whose session is stopped on the way out, even when a cell fails
+    (a Running session holds capacity until it is stopped or expires)."""
+    try:
+        client = service.create_lora_training_client(base_model, rank=rank, alpha=alpha, **options)
+    except Exception as error:
+        raise explain(error) from error
+    try:
+        yield client
+    finally:
+        close_session(client)
+
+
+def open_session(service, base_model: str, rank: int, alpha: int, **options):
+    """A LoRA training client for notebooks, whose cells cannot share one ``with``: the session is
+    stopped by ``close_session`` in the last cell, or when the kernel exits (papermill stops the kernel
+    after a failing cell). In Jupyter a failed cell leaves it Running until the last cell, a kernel
+    restart, or the service's idle expiry."""
+    try:
+        client = service.create_lora_training_client(base_model, rank=rank, alpha=alpha, **options)
+    except Exception as error:
+        raise explain(error) from error
+    atexit.register(close_session, client)
+    print(f"Training session {client.training_session_name} is Running.")
+    return client
+
+
+def close_session(client) -> None:
+    with contextlib.suppress(Exception):  # already stopped, or the service is gone: nothing left to free
+        client.stop()
+        print(f"Stopped training session {client.training_session_name}.")
+
+
+# --------------------------------------------------------------------------- the raw API (boto3)
+
+def base_model_arn(sagemaker_client, base_model: str) -> str:
+    """The public hub's ARN for a model id (``provider/model``), as CreateTrainingSession wants it."""
+    keyword = f"@huggingface-id:{base_model.lower()}"
+    request = {"HubName": "SageMakerPublicHub", "HubContentType": "Model"}
+    while True:
+        page = sagemaker_client.list_hub_contents(**request)
+        for summary in page["HubContentSummaries"]:
+            if keyword in summary.get("HubContentSearchKeywords", []):
+                return summary["HubContentArn"]
+        if not page.get("NextToken"):
+            break
+        request["NextToken"] = page["NextToken"]
+    raise ValueError(f"No public hub model has the id {base_model!r} in this Region.")
+
+
+def wait_for_operation(runtime_client, session_name: str, operation_id: str, timeout: float = 600) -> dict:
+    """Poll GetTrainingOperationResult until the operation ends; a Failed one raises with its reason."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        answer = runtime_client.get_training_operation_result(trainingSessionName=session_name,
+                                                              operationId=operation_id)
+        if answer["status"] == "Completed":
+            return answer
+        if answer["status"] in ("Failed", "Skipped"):
+            raise RuntimeError(f"Operation {operation_id} {answer['status']}: {answer.get('errorDetails', answer)}")
+        time.sleep(1)  # the service holds each request until the operation ends or ~20 s pass
+    raise TimeoutError(f"Operation {operation_id} did not finish within {timeout:.0f} s.")
+
+
+# --------------------------------------------------------------------------- datums
+
+def prompt_ids(tokenizer, messages: list[dict]) -> list[int]:
+    """The chat prompt up to the assistant's turn, as token ids."""
+    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    return tokenizer(text, add_special_tokens=False)["input_ids"]
+
+
+def supervised_datum(prompt: list[int], answer: list[int]):
+    """One SFT example. Position i of ``model_input`` predicts ``target_tokens[i]``: the shift by one.
+    Weight 0 on targets that are prompt tokens, 1 on the answer's: only the answer is learned.
+
+        tokens        p0 p1 p2 a0 a1 a2
+        model_input   p0 p1 p2 a0 a1
+        target_tokens p1 p2 a0 a1 a2
+        weights       0  0  1  1  1
+    """
+    from sagemaker.train.training_session import Datum, ModelInput
+
+    tokens = prompt + answer
+    weights = [0.0] * (len(prompt) - 1) + [1.0] * len(answer)
+    return Datum(model_input=ModelInput.from_ints(tokens[:-1]),
+                 loss_fn_inputs={"target_tokens": tokens[1:], "weights": weights})
+
+
+def policy_gradient_datum(prompt: list[int], sample, advantage: float):
+    """One sampled completion for importance_sampling / ppo: the same shift, the sampler's logprobs
+    and the advantage on the completion's tokens, zeros on the prompt's."""
+    from sagemaker.train.training_session import Datum, ModelInput
+
+    tokens = prompt + list(sample.tokens)
+    n_prompt, n_answer = len(prompt) - 1, len(sample.tokens)
+    return Datum(model_input=ModelInput.from_ints(tokens[:-1]), loss_fn_inputs={
+        "target_tokens": tokens[1:],
+        "weights": [0.0] * n_prompt + [1.0] * n_answer,
+        "logprobs": [0.0] * n_prompt + [float(x) for x in sample.logprobs],
+        "advantages": [0.0] * n_prompt + [advantage] * n_answer,
+    })
+
+
+def wire_datum(datum) -> dict:
+    """A datum as ExecuteTrainingOperation's ``datumList`` takes it (the raw API, notebook 10)."""
+    return {"modelInput": {"chunks": [{"tokens": datum.model_input.to_ints(), "type": "encoded_text"}]},
+            "lossFnInputs": {"target_tokens": {"data": _values(datum.loss_fn_inputs["target_tokens"]), "dtype": "int64"},
+                             "weights": {"data": _values(datum.loss_fn_inputs["weights"]), "dtype": "float32"}}}
+
+
+def target_tokens_of_wire(datum_list: list[dict]) -> int:
+    return sum(sum(1 for w in d["lossFnInputs"]["weights"]["data"] if w) for d in datum_list)
+
+
+def target_tokens(datums) -> int:
+    """Tokens with a non-zero weight: what the summed loss is divided by."""
+    return sum(sum(1 for w in _values(d.loss_fn_inputs["weights"]) if w) for d in datums)
+
+
+def _values(tensor) -> list:
+    """A loss input or output as a plain list (a TensorData, its wire dict, or a list)."""
+    if isinstance(tensor, dict):
+        return tensor["data"]
+    return list(getattr(tensor, "data", tensor))
+
+
+# --------------------------------------------------------------------------- RL pieces
+
+def group_advantages(rewards: list[float]) -> list[float] | None:
+    """GRPO's advantage: each completion's reward minus its group's mean (Dr. GRPO: no division by the
+    standard deviation). None for a group whose rewards are all equal: it teaches nothing, so it is skipped."""
+    mean = sum(rewards) / len(rewards)
+    if all(r == rewards[0] for r in rewards):
+        return None
+    return [r - mean for r in rewards]
+
+
+def ratio_stats(datums, outputs, low: float, high: float) -> dict[str, float]:
+    """How off-policy the batch was: the training model's logprobs (returned by forward_backward, before
+    this step's update) against the sampler's, over the completion tokens. ``clip_fraction`` is the share
+    of tokens whose ratio lies outside [low, high]."""
+    import math
+
+    n = outside = 0
+    kl = 0.0
+    for datum, output in zip(datums, outputs, strict=True):
+        inputs = datum.loss_fn_inputs
+        for w, old, new in zip(_values(inputs["weights"]), _values(inputs["logprobs"]), _values(output["logprobs"]),
+                               strict=True):
+            if w:
+                ratio = math.exp(new - old)
+                outside += not (low <= ratio <= high)
+                kl += old - new
+                n += 1
+    return {"clip_fraction": outside / max(n, 1), "sampler_kl": kl / max(n, 1)}
+
+
+# --------------------------------------------------------------------------- billing and metrics
+
+def billable_tokens(training_session_name: str) -> dict[str, int]:
+    """The session's BillableTokenUsage from DescribeTrainingSession."""
+    import boto3
+
+    detail = boto3.client("sagemaker").describe_training_session(
+        TrainingSessionName=training_session_name)["TrainingSessionDetail"]
+    usage = detail.get("BillableTokenUsage", {})
+    return {"prefill": usage.get("PrefillTokenCount", 0), "sample": usage.get("SampleTokenCount", 0),
+            "training": usage.get("TrainingTokenCount", 0)}
+
+
+def cost(tokens: dict[str, int]) -> float:
+    return sum(tokens[kind] * PRICE_PER_MILLION[kind] / 1e6 for kind in PRICE_PER_MILLION)
+
+
+def log_step(history: list[dict], record: dict) -> None:
+    """Keep the step's metrics and print them as one line (readable in a notebook, a terminal or a log)."""
+    record = {"step": len(history) + 1, **record, "time": round(time.time(), 3)}
+    history.append(record)
+    print("  ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in record.items() if k != "time"),
+          flush=True)
+
+
+def record(work_dir: str | os.PathLike, notebook: str, training_client, history: list[dict], **extra) -> dict:
+    """Append this notebook's session (name, status, steps, final metrics, billable tokens) to
+    ``<work_dir>/training_sessions.json``, which the main job's summary reads."""
+    import boto3
+
+    name = training_client.training_session_name
+    detail = boto3.client("sagemaker").describe_training_session(TrainingSessionName=name)["TrainingSessionDetail"]
+    entry = {"notebook": notebook, "session": name, "status": detail["TrainingSessionStatus"], "steps": len(history),
+             "final_metrics": {k: v for k, v in (history[-1] if history else {}).items() if k not in ("step", "time")},
+             "billable_tokens": billable_tokens(name), **extra}
+    path = Path(work_dir) / "training_sessions.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    entries = [e for e in (json.loads(path.read_text()) if path.exists() else []) if e["notebook"] != notebook]
+    path.write_text(json.dumps(entries + [entry], indent=1))
+    return entry

@@ -1,0 +1,187 @@
+"""GRPO on a SageMaker training session: sample a group per problem, score it with the environment the
+training-job scripts use, and train on group-relative advantages.
+
+    .venv-sessions/bin/python -m session_loops.grpo --run-mode local --steps 12
+    .venv-sessions/bin/python -m session_loops.grpo --run-mode sagemaker --base-model Qwen/Qwen3-4B --role arn:...
+
+One step:
+  1. ``save_weights_and_get_sampling_client()``: a sampler on the current weights;
+  2. ``sample`` a group of ``group_size`` completions per problem (every request in flight at once);
+  3. ``env.score``: GSM8K's checker from ``scripts/environments/gsm8k.py`` (the same code the jobs run);
+  4. advantage = reward - group mean; groups whose rewards are all equal are skipped;
+  5. ``forward_backward(loss_fn="importance_sampling" | "ppo")`` + ``optim_step``.
+
+How off-policy: the sampler is saved right before sampling and there is one optimizer step per batch,
+so with ``overlap=False`` the samples come from the weights being trained (ratio 1 up to numerics).
+With ``overlap=True`` step k+1 is sampled while step k trains, on the weights from before step k: one
+update stale. The importance ratio exp(logp - logp_sampler) corrects for it (``importance_sampling``)
+or is clipped to [0.8, 1.2] (``ppo``); the loop reports the share of tokens outside that range
+(``clip_fraction``) and the mean log-ratio (``sampler_kl``) every step.
+"""
+
+from __future__ import annotations
+
+import random
+
+from session_loops import common
+
+PPO_CLIP = {"clip_low_threshold": 0.8, "clip_high_threshold": 1.2}
+
+
+def count_problems(n: int, seed: int = 0, largest: int = 5) -> list[dict]:
+    """The easiest GSM8K-format problems: the answer is the number in the question. Small enough for
+    the tiny model to learn in a few steps offline; the cloud runs use openai/gsm8k."""
+    from helpers.offline_data import ITEMS, NAMES
+
+    rng = random.Random(seed)
+    problems = []
+    for _ in range(n):
+        name, item, count = rng.choice(NAMES), rng.choice(ITEMS), rng.randint(1, largest)
+        problems.append({"question": f"{name} has {count} {item}. How many {item} does {name} have?",
+                         "answer": f"#### {count}"})
+    return problems
+
+
+def sample_groups(sampling_client, tokenizer, env, problems: list[dict], group_size: int, params) -> list:
+    """Send one sample request per problem (all in flight), return futures with their prompts."""
+    requests = []
+    for problem in problems:
+        prompt = common.prompt_ids(tokenizer, env.prompt_messages(problem))
+        requests.append((problem, prompt, sampling_client.sample(prompt, num_samples=group_size,
+                                                                 sampling_params=params)))
+    return requests
+
+
+def score_groups(tokenizer, env, requests) -> list[dict]:
+    """Wait for each group, decode and score it with the environment."""
+    groups = []
+    for problem, prompt, future in requests:
+        samples = future.result().sequences
+        completions = [tokenizer.decode(s.tokens, skip_special_tokens=True) for s in samples]
+        groups.append({"prompt": prompt, "samples": samples,
+                       "scores": env.score([problem] * len(samples), completions)})
+    return groups
+
+
+def train(training_client, tokenizer, env, problems: list[dict], steps: int, problems_per_step: int,
+          group_size: int, learning_rate: float, loss_fn: str = "importance_sampling", temperature: float = 1.0,
+          overlap: bool = False, stop: list[str] | None = None, seed: int = 0,
+          history: list[dict] | None = None) -> list[dict]:
+    """``steps`` GRPO steps; returns one metric record a step."""
+    from sagemaker.train.training_session import AdamParams, SamplingParams
+
+    if loss_fn not in ("importance_sampling", "ppo"):
+        raise ValueError(f"loss_fn must be 'importance_sampling' or 'ppo', got {loss_fn!r}.")
+    rng = random.Random(seed)
+    adam = AdamParams(learning_rate=learning_rate, weight_decay=0.0, grad_clip_norm=1.0)
+    config = PPO_CLIP if loss_fn == "ppo" else None
+    history = [] if history is None else history
+
+    def sample_batch(sampler, step):
+        params = SamplingParams(max_tokens=512, temperature=temperature, seed=seed * 100_000 + step, stop=stop)
+        return sample_groups(sampler, tokenizer, env, rng.sample(problems, problems_per_step), group_size, params)
+
+    sampler = training_client.save_weights_and_get_sampling_client()
+    pending = sample_batch(sampler, 0)
+    for step in range(steps):
+        groups = score_groups(tokenizer, env, pending)
+        completions, skipped = [], 0  # (prompt, sample, advantage) of the groups that teach something
+        for group in groups:
+            advantages = common.group_advantages([s["reward"] for s in group["scores"]])
+            if advantages is None:
+                skipped += 1
+                continue
+            completions += [(group["prompt"], sample, advantage)
+                            for sample, advantage in zip(group["samples"], advantages, strict=True)]
+        scores = [s for g in groups for s in g["scores"]]
+        sampled_tokens = sum(len(s.tokens) for g in groups for s in g["samples"])
+        record = {"reward": sum(s["reward"] for s in scores) / len(scores),
+                  "accuracy": sum(bool(s["correct"]) for s in scores) / len(scores),
+                  "format_reward": sum(s["format_reward"] for s in scores) / len(scores),
+                  "skipped_groups": skipped, "sampled_tokens": sampled_tokens}
+        if completions:
+            # The service sums the loss over tokens; dividing every advantage by the step's completion
+            # tokens makes the step's loss a mean over tokens (Dr. GRPO's constant normaliser).
+            n_tokens = sum(len(sample.tokens) for _, sample, _ in completions)
+            datums = [common.policy_gradient_datum(prompt, sample, advantage / n_tokens)
+                      for prompt, sample, advantage in completions]
+            forward_backward = training_client.forward_backward(datums, loss_fn=loss_fn, loss_fn_config=config)
+            optim_step = training_client.optim_step(adam)
+            if overlap and step + 1 < steps:
+                pending = sample_batch(sampler, step + 1)  # on the weights from before this step: one update stale
+            outputs = forward_backward.result().loss_fn_outputs
+            optim_step.result()
+            record.update(common.ratio_stats(datums, outputs, PPO_CLIP["clip_low_threshold"],
+                                             PPO_CLIP["clip_high_threshold"]))
+            record["trained_tokens"] = n_tokens
+        common.log_step(history, record)
+        if step + 1 < steps:
+            sampler = training_client.save_weights_and_get_sampling_client()
+            if not (overlap and completions):
+                pending = sample_batch(sampler, step + 1)
+    return history
+
+
+def evaluate(sampling_client, tokenizer, env, problems: list[dict], samples_per_problem: int = 4,
+             temperature: float = 1.0, stop: list[str] | None = None, seed: int = 12345) -> dict[str, float]:
+    """Accuracy and format reward on held-out problems, with the environment's checker."""
+    from sagemaker.train.training_session import SamplingParams
+
+    params = SamplingParams(max_tokens=512, temperature=temperature, seed=seed, stop=stop)
+    groups = score_groups(tokenizer, env, sample_groups(sampling_client, tokenizer, env, problems,
+                                                        samples_per_problem, params))
+    scores = [s for g in groups for s in g["scores"]]
+    return {"accuracy": sum(bool(s["correct"]) for s in scores) / len(scores),
+            "format_reward": sum(s["format_reward"] for s in scores) / len(scores)}
+
+
+def warm_start(training_client, tokenizer, env, problems: list[dict], steps: int, learning_rate: float,
+               seed: int = 0) -> list[dict]:
+    """A few SFT steps in the same session on worked answers that end in '#### n': the model learns the
+    format GSM8K's checker reads, so GRPO's groups have rewards to compare."""
+    from session_loops import sft
+
+    datums = [common.supervised_datum(common.prompt_ids(tokenizer, env.prompt_messages(p)),
+                                      tokenizer(p["answer"], add_special_tokens=False)["input_ids"]
+                                      + [tokenizer.eos_token_id])
+              for p in problems]
+    return sft.train(training_client, datums, steps, batch_size=16, learning_rate=learning_rate, seed=seed)
+
+
+def main() -> None:
+    parser = common.session_arguments(__doc__.split("\n")[0])
+    parser.add_argument("--warm-start-steps", type=int, default=8)
+    parser.add_argument("--steps", type=int, default=12)
+    parser.add_argument("--problems-per-step", type=int, default=8)
+    parser.add_argument("--group-size", type=int, default=8)
+    parser.add_argument("--learning-rate", type=float, default=3e-3)
+    parser.add_argument("--loss-fn", default="importance_sampling", choices=["importance_sampling", "ppo"])
+    parser.add_argument("--overlap", action="store_true", help="sample step k+1 while step k trains")
+    parser.add_argument("--stop", nargs="*", default=None, help="stop sequences, e.g. a newline for one-line answers")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+
+    from environments.gsm8k import GSM8KEnvironment
+
+    env = GSM8KEnvironment()
+    train_problems, held_out = count_problems(256, seed=args.seed), count_problems(32, seed=10_000 + args.seed)
+    service, _ = common.connect(args.run_mode, args.region, args.role)
+    base_model = common.choose_base_model(service, args.base_model)
+    with common.training_session(service, base_model, args.rank, args.alpha) as training_client:
+        tokenizer = training_client.get_tokenizer()
+        warm_start(training_client, tokenizer, env, train_problems, args.warm_start_steps, args.learning_rate,
+                   args.seed)
+        before = evaluate(training_client.save_weights_and_get_sampling_client(), tokenizer, env, held_out,
+                          stop=args.stop)
+        history = train(training_client, tokenizer, env, train_problems, args.steps, args.problems_per_step,
+                        args.group_size, args.learning_rate, args.loss_fn, overlap=args.overlap, stop=args.stop,
+                        seed=args.seed)
+        after = evaluate(training_client.save_weights_and_get_sampling_client(), tokenizer, env, held_out,
+                         stop=args.stop)
+        print(f"held-out accuracy {before['accuracy']:.3f} -> {after['accuracy']:.3f}; reward "
+              f"{history[0]['reward']:.3f} -> {history[-1]['reward']:.3f}")
+        print("billable tokens:", common.billable_tokens(training_client.training_session_name))
+
+
+if __name__ == "__main__":
+    main()
