@@ -48,7 +48,7 @@ test: $(VENV)/.stamp $(SESSIONS_VENV)/.stamp $(IMAGE_VENV)/.stamp
 	$(IMAGE_PY) -m pytest $(CONTAINER_TESTS) $(addprefix --ignore=,$(TRL_PARITY))
 
 lint: $(VENV)/.stamp
-	$(PY) -m ruff check helpers scripts tests bench notebooks
+	$(PY) -m ruff check helpers scripts session_loops tests bench notebooks
 
 bench: $(VENV)/.stamp
 	$(PY) -m bench.run_all

@@ -38,7 +38,6 @@ import zlib
 from collections import Counter
 from collections.abc import Callable
 
-
 SYSTEM_PROMPT = ("You are an expert competitive programmer. Solve the problem in Python 3. Think briefly, then "
                  "give the complete solution in one ```python code block.")
 VERDICTS = ("accepted", "wrong_answer", "time_limit", "memory_limit", "output_limit", "runtime_error",

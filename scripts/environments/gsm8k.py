@@ -18,7 +18,6 @@ from __future__ import annotations
 import re
 from fractions import Fraction
 
-
 SYSTEM_PROMPT = "You are a helpful assistant. Solve the problem step by step and end with '#### <answer>'."
 
 # A number as people write it in answers: optional sign (not a hyphen between two words or numbers),
