@@ -172,6 +172,9 @@ def tensor_to_wire(values: torch.Tensor) -> dict:
 # --------------------------------------------------------------------------- the engine
 
 
+_MODEL_LOADING = threading.Lock()
+
+
 class Engine:
     """Base model + LoRA adapter on every linear layer, AdamW, sampling. Not thread-safe by itself:
     the service runs one operation at a time on it (``lock``)."""
@@ -181,13 +184,16 @@ class Engine:
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         self.lock = threading.RLock()
-        self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
-        base = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-        torch.manual_seed(seed)
         config = LoraConfig(
             r=rank, lora_alpha=alpha, target_modules="all-linear", lora_dropout=0.0, bias="none"
         )
-        self.model = get_peft_model(base, config)
+        # One model built at a time: transformers loads through process-wide state (meta-device
+        # initialisation), and the adapter's initial weights come from the global seed.
+        with _MODEL_LOADING:
+            self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
+            base = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+            torch.manual_seed(seed)
+            self.model = get_peft_model(base, config)
         self.model.eval()  # no dropout anywhere: forward, backward and sampling see the same function
         self.named_trainable = [(n, p) for n, p in self.model.named_parameters() if p.requires_grad]
         self.optimizer = self._new_optimizer()
