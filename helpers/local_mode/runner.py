@@ -42,6 +42,7 @@ import tarfile
 import tempfile
 import threading
 import time
+import traceback
 from pathlib import Path
 
 import psutil
@@ -176,6 +177,7 @@ class TrainingJob:
         except _Outcome as outcome:
             self._finish(outcome.kind, outcome.reason)
         except Exception as error:  # a bug or an environment problem: the job must still end
+            self._say("local mode failed while running the job:\n" + traceback.format_exc())
             _terminate(self._processes, PEER_GRACE_SECONDS)
             self._finish("Failed", f"ClientError: local mode could not run the job: {error!r}")
         finally:
@@ -432,7 +434,7 @@ class TrainingJob:
                 path = host.checkpoints / key[len(prefix) :]
                 path.parent.mkdir(parents=True, exist_ok=True)
                 path.write_bytes(self.aws.s3.get_object(Bucket=bucket, Key=key)["Body"].read())
-            host.synced = {p: _signature(p) for p in host.checkpoints.rglob("*") if p.is_file()}
+            host.synced = {p: _signature(p) for p in _files_under(host.checkpoints)}
         if keys:
             self._say(f"restored {len(keys)} checkpoint file(s) from s3://{bucket}/{prefix}")
 
@@ -443,14 +445,16 @@ class TrainingJob:
         bucket, prefix = target
         for host in hosts:
             synced = host.synced
-            for path in sorted(p for p in host.checkpoints.rglob("*") if p.is_file()):
-                signature = _signature(path)
-                if synced.get(path) == signature:
-                    continue
+            for path in _files_under(host.checkpoints):
+                # The script rotates checkpoints while we look: a file listed here may be gone
+                # by the time it is read, and is then simply not uploaded.
                 try:
+                    signature = _signature(path)
+                    if synced.get(path) == signature:
+                        continue
                     body = path.read_bytes()
-                except OSError:
-                    continue  # removed while we looked: the script rotates checkpoints
+                except FileNotFoundError:
+                    continue
                 key = prefix + path.relative_to(host.checkpoints).as_posix()
                 self.aws.s3.put_object(Bucket=bucket, Key=key, Body=body)
                 synced[path] = signature
@@ -615,6 +619,14 @@ def _is_json(value: str) -> bool:
 def _split_s3(uri: str) -> tuple[str, str]:
     bucket, _, key = uri[len("s3://") :].partition("/")
     return bucket, key
+
+
+def _files_under(folder: Path) -> list[Path]:
+    """Files below ``folder``, sorted; folders removed during the walk are skipped."""
+    files = []
+    for root, _dirs, names in os.walk(folder):
+        files.extend(Path(root) / name for name in names)
+    return sorted(files)
 
 
 def _signature(path: Path) -> tuple[int, int]:
