@@ -2,7 +2,7 @@
 one process): FSDP2 checkpoints written by DCP, each rank its own shards.
 
     save ROOT          train 3 steps, background save, train on while it is written
-    resume ROOT STEP   a fresh model resumes; its full state must equal the one saved at STEP
+    resume ROOT STEP...  a fresh model resumes; its full state must equal the one saved at STEP
     sigterm ROOT       background saves every 3 steps; SIGTERM while step 6 is being written
     kill ROOT          SIGKILL while step 4 is being written (step 3 is whole)
 
@@ -22,7 +22,7 @@ from pathlib import Path
 
 import torch
 from common.checkpoints import MANIFEST, Checkpointer, SigtermFlag, seed_everything
-from common.distributed import setup, teardown, wrap_model
+from common.distributed import barrier, setup, teardown, wrap_model
 from torch.distributed.checkpoint import FileSystemWriter
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
 from two_process_checkpoints import TinyNet
@@ -98,15 +98,23 @@ def save(root: Path, learners) -> None:
     print(f"rank {learners.rank}: saved step 3 (in flight while training: {in_flight})", flush=True)
 
 
-def resume(root: Path, step: int, learners) -> None:
-    seed_everything(99)
-    model, optimizer, scheduler = build(learners, seed=1)
-    resumed = Checkpointer(root / "checkpoints", learners).load_latest(model, optimizer, scheduler)
-    assert resumed is not None and resumed["step"] == step, resumed
-    want = torch.load(root / f"expected_{step}.pt", weights_only=False)
-    assert_equal(full_state(model, optimizer, scheduler), want)
-    print(f"rank {learners.rank} of {learners.world_size}: resumed step {step}, state equals the saved one",
-          flush=True)
+def resume(root: Path, steps: list[int], learners) -> None:
+    """Resume from the newest, expecting ``steps[0]``; then take its manifest away (a torn folder
+    now) and resume again, expecting ``steps[1]``, and so on."""
+    for index, step in enumerate(steps):
+        seed_everything(99)
+        model, optimizer, scheduler = build(learners, seed=1)
+        resumed = Checkpointer(root / "checkpoints", learners).load_latest(model, optimizer, scheduler)
+        assert resumed is not None and resumed["step"] == step, resumed
+        want = torch.load(root / f"expected_{step}.pt", weights_only=False)
+        assert_equal(full_state(model, optimizer, scheduler), want)
+        print(f"rank {learners.rank} of {learners.world_size}: resumed step {step}, state equals the saved one",
+              flush=True)
+        if index + 1 < len(steps):
+            barrier(learners)
+            if learners.is_main:
+                (root / "checkpoints" / f"step_{step:08d}" / MANIFEST).unlink()
+            barrier(learners)
 
 
 def sigterm(root: Path, learners) -> None:
@@ -152,7 +160,7 @@ if __name__ == "__main__":
     mode, root = sys.argv[1], Path(sys.argv[2])
     learners = setup()
     if mode == "resume":
-        resume(root, int(sys.argv[3]), learners)
+        resume(root, [int(step) for step in sys.argv[3:]], learners)
     else:
         {"save": save, "sigterm": sigterm, "kill": kill}[mode](root, learners)
     teardown()
