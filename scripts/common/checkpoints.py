@@ -188,27 +188,26 @@ def _fsync_save(obj, path: Path) -> None:
 # --------------------------------------------------------------------------- sharded (DCP) state
 
 
-def _sharded_state(model, optimizer, trainable_only: bool) -> dict:
+def _sharded_state(model, optimizer) -> dict:
     """Model and optimizer state as DCP saves and loads it: with FSDP2 each rank's own shards
     (DTensors, nothing gathered); for a DDP or plain model the whole state. The same call gives
-    the tensors a load fills in place (with a fresh optimizer, DCP creates its state first)."""
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
+    the tensors a load fills in place (with a fresh optimizer, DCP creates its state first).
+    Every parameter is in it (the scripts refuse LoRA with FSDP, so nothing here is frozen)."""
+    from torch.distributed.checkpoint.state_dict import get_state_dict
 
-    model_state, optimizer_state = get_state_dict(
-        model, optimizer, options=StateDictOptions(ignore_frozen_params=trainable_only))
+    model_state, optimizer_state = get_state_dict(model, optimizer)
     return {"model": model_state, "optimizer": optimizer_state}
 
 
-def _load_sharded(folder: Path, model, optimizer, trainable_only: bool) -> None:
+def _load_sharded(folder: Path, model, optimizer) -> None:
     """Fill ``model`` and ``optimizer`` from the DCP checkpoint in ``folder``, whatever number of
     processes wrote it (every rank calls it; one process without a process group may too)."""
     import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
+    from torch.distributed.checkpoint.state_dict import set_state_dict
 
-    state = _sharded_state(model, optimizer, trainable_only)
+    state = _sharded_state(model, optimizer)
     dcp.load(state, checkpoint_id=str(folder))
-    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"],
-                   options=StateDictOptions(ignore_frozen_params=trainable_only, strict=not trainable_only))
+    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
 
 
 def _shard_sizes(metadata) -> dict[str, int]:
@@ -298,11 +297,10 @@ class Checkpointer:
             final.mkdir(parents=True)
             _fsync_save(self._training_state(step, scheduler, extra, rng_states), final / "state.pt")
         barrier(self.learners)
-        shards = _sharded_state(model, optimizer, self.trainable_only)
-        # After SIGTERM the script exits next: the save must be on disk when it returns. Agreed by all
-        # ranks, since the write's collectives run in a thread on one rank and inline on another otherwise.
-        last = any_flag(_SIGTERM_RECEIVED.is_set(), self.learners)
-        if self.background and not last:
+        shards = _sharded_state(model, optimizer)
+        # After SIGTERM the script exits next: that save must be on disk when it returns. Agreed by all
+        # ranks, or the write's collectives would run in a thread on one rank and inline on another.
+        if self.background and not any_flag(_SIGTERM_RECEIVED.is_set(), self.learners):
             if self._sharded_group is None and self.learners.distributed:
                 # DCP's planning and completion are collectives in the writer thread: on a group of their
                 # own they cannot interleave with training's (and async_save needs a CPU backend).
@@ -437,7 +435,7 @@ class Checkpointer:
             if self._format(folder) == SHARDED:
                 try:
                     state = torch.load(folder / "state.pt", map_location="cpu", weights_only=False)
-                    _load_sharded(folder, model, optimizer, self.trainable_only)
+                    _load_sharded(folder, model, optimizer)
                 except Exception as error:  # noqa: BLE001 - DCP raises on every rank alike: try the previous one
                     log.warning("skipping unreadable checkpoint %s: %s", folder, error)
                     continue
