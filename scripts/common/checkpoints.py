@@ -22,7 +22,9 @@ every rank writes its own shards with ``torch.distributed.checkpoint`` (DCP), no
                        ``"format": "sharded"`` and the size of each file (shard sizes from DCP's index)
 
 Every rank writes into the folder itself (the shards of a multi-host job are on each host), so
-the manifest is what makes it count. Either way a folder named ``step_*`` with a matching manifest
+the manifest is what makes it count. Rank 0 prunes (keeps the newest ``keep``) what it can check
+whole: on one host or a shared file system, everything; with a disk per host, nothing until the
+restarted job's S3 sync brings every host's files. Either way a folder named ``step_*`` with a matching manifest
 is whole; loading walks from the newest and skips, with a warning, any folder whose manifest is
 missing, whose sizes disagree or that fails to load. A sharded checkpoint loads into any number
 of processes (DCP reshards: saved by 2, resumed by 3, or by one process without FSDP) and a
