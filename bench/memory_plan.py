@@ -139,6 +139,51 @@ def format_plans(plans: dict[str, dict[str, int]], capacity_gib: float | None = 
     return "\n".join(lines) + "\n"
 
 
+# Checkpoints: what each rank writes, and how long it takes. AdamW keeps two states per parameter
+# in the parameters' dtype, so a checkpoint is P x master x 3 bytes however it is split up.
+# Sharded (DCP, ``Checkpointer`` with FSDP) every rank writes its 1/W; gathered, rank 0 holds it
+# all in host memory and writes it alone. The time is bounded by the disk (all writers share it)
+# and by one process's write stream (serialisation, fsync), stated as assumptions. Not counted: the
+# gather itself (the whole state through rank 0's GPU to its host memory) before a gathered write.
+DISK_GB_PER_S = 2.0  # assumed: the instance's local NVMe volume under /opt/ml/checkpoints
+WRITER_GB_PER_S = 1.0  # assumed: one process writing with torch.save / DCP's FileSystemWriter
+SIGTERM_WINDOW_S = 120  # SIGTERM to SIGKILL in a spot interruption
+
+
+def checkpoint_plan(shape: ModelShape, world_size: int, master_dtype: str = "fp32",
+                    disk_gb_per_s: float = DISK_GB_PER_S, writer_gb_per_s: float = WRITER_GB_PER_S) -> dict:
+    """Bytes written per rank and expected save time, sharded against gathered to rank 0."""
+    if master_dtype not in ("fp32", "bf16"):
+        raise ValueError(f"master_dtype must be fp32 or bf16, got {master_dtype!r}")
+    if world_size < 1 or disk_gb_per_s <= 0 or writer_gb_per_s <= 0:
+        raise ValueError("world_size must be at least 1 and the bandwidths positive")
+    master = 4 if master_dtype == "fp32" else 2
+    state = 3 * shape.total_params() * master  # weights + exp_avg + exp_avg_sq
+    per_rank = -(-state // world_size)
+    disk, writer = disk_gb_per_s * 1e9, writer_gb_per_s * 1e9
+    return {
+        "state_bytes": state,
+        "sharded_bytes_per_rank": per_rank,
+        "gathered_rank0_bytes": state,
+        "sharded_save_s": max(state / disk, per_rank / writer),
+        "gathered_save_s": max(state / disk, state / writer),
+    }
+
+
+def format_checkpoint_plan(plan: dict, title: str, disk_gb_per_s: float, writer_gb_per_s: float) -> str:
+    lines = [f"### {title}", "",
+             f"Disk {disk_gb_per_s:g} GB/s shared by the writers, one writer {writer_gb_per_s:g} GB/s (assumed); "
+             f"a spot interruption leaves {SIGTERM_WINDOW_S} s between SIGTERM and SIGKILL.", "",
+             "| checkpoint | GB written by rank 0 | GB per other rank | rank-0 host memory for it, GB "
+             "| expected save s |", "|---|---|---|---|---|"]
+    sharded, gathered = plan["sharded_bytes_per_rank"], plan["gathered_rank0_bytes"]
+    lines.append(f"| sharded (DCP, each rank its shards) | {sharded / 1e9:.1f} | {sharded / 1e9:.1f} "
+                 f"| {sharded / 1e9:.1f} (staging copy, background only) | {plan['sharded_save_s']:.0f} |")
+    lines.append(f"| gathered to rank 0 | {gathered / 1e9:.1f} | 0 | {gathered / 1e9:.1f} "
+                 f"| {plan['gathered_save_s']:.0f} |")
+    return "\n".join(lines) + "\n"
+
+
 def main() -> None:
     import argparse
 
@@ -147,6 +192,8 @@ def main() -> None:
     parser.add_argument("--micro_batch", type=int, default=1)
     parser.add_argument("--seq_len", type=int, default=4096)
     parser.add_argument("--master_dtype", choices=["fp32", "bf16"], default="fp32")
+    parser.add_argument("--disk_gb_per_s", type=float, default=DISK_GB_PER_S)
+    parser.add_argument("--writer_gb_per_s", type=float, default=WRITER_GB_PER_S)
     args = parser.parse_args()
     plan = memory_plan(LLAMA_3_1_8B, args.world_size, args.micro_batch, args.seq_len, args.master_dtype)
     print(format_plan(plan, f"Llama-3.1-8B full fine-tune, FSDP2 over {args.world_size} GPUs, micro-batch "
@@ -156,6 +203,10 @@ def main() -> None:
                                              ("fp32", 1, 8192), ("fp32", 2, 8192))}
     print(f"Variants over {args.world_size} GPUs (GiB per GPU):\n")
     print(format_plans(variants, 80))
+    checkpoint = checkpoint_plan(LLAMA_3_1_8B, args.world_size, args.master_dtype, args.disk_gb_per_s,
+                                 args.writer_gb_per_s)
+    print(format_checkpoint_plan(checkpoint, f"Llama-3.1-8B checkpoint (model + AdamW, {args.master_dtype}) over "
+                                             f"{args.world_size} ranks", args.disk_gb_per_s, args.writer_gb_per_s))
 
 
 if __name__ == "__main__":

@@ -335,6 +335,7 @@ def main(argv: list[str] | None = None) -> None:
             distributed.teardown()
             return
 
+    checkpointer.wait()  # a background checkpoint still being written needs the process group
     models.save_final_model(model, tokenizer, contract.model_dir(), learners)
     distributed.teardown()
 

@@ -522,6 +522,7 @@ def train(args, env: Environment, learners: distributed.Learners) -> bool:
             log.warning("stopped after step %d on SIGTERM; a restarted job resumes from the checkpoint", step)
             return False
 
+    checkpointer.wait()  # a background checkpoint still being written needs the process group
     models.save_final_model(model, tokenizer, contract.model_dir(), learners)
     return True
 

@@ -1,7 +1,8 @@
 """Checkpoints that bound what a spot interruption costs, and the SIGTERM flag.
 
 SageMaker syncs ``/opt/ml/checkpoints`` with ``checkpoint_s3_uri`` and, after a spot
-interruption, restarts the job with the same files in place. A checkpoint is a folder::
+interruption, restarts the job with the same files in place. A checkpoint is a folder. With DDP
+or one process (rank 0 writes, the others wait)::
 
     <checkpoint_dir>/step_00000120/
         model.pt       model state dict (full, unsharded; trainable parameters only with LoRA)
@@ -10,14 +11,33 @@ interruption, restarts the job with the same files in place. A checkpoint is a f
                        and the script's ``extra`` (data position, ...)
         manifest.json  written last: step and each file's size
 
-It is written under a temporary name and renamed when complete, so a folder named
-``step_*`` with a matching manifest is whole. Loading walks from the newest and skips, with a
-warning, any folder whose manifest is missing, whose sizes disagree or that fails to load.
+It is written under a temporary name and renamed when complete. With FSDP2 (``--strategy fsdp``)
+every rank writes its own shards with ``torch.distributed.checkpoint`` (DCP), nothing is gathered::
+
+    <checkpoint_dir>/step_00000120/
+        __0_0.distcp, __1_0.distcp, ...   each rank's shards of the model and optimizer state
+        .metadata      DCP's index of the shards, written by rank 0 once every rank has written
+        state.pt       as above
+        manifest.json  written last, by rank 0 once DCP's save has finished on every rank:
+                       ``"format": "sharded"`` and the size of each file (shard sizes from DCP's index)
+
+Every rank writes into the folder itself (the shards of a multi-host job are on each host), so
+the manifest is what makes it count. Rank 0 prunes (keeps the newest ``keep``) what it can check
+whole: on one host or a shared file system, everything; with a disk per host, nothing until the
+restarted job's S3 sync brings every host's files. Either way a folder named ``step_*`` with a matching manifest
+is whole; loading walks from the newest and skips, with a warning, any folder whose manifest is
+missing, whose sizes disagree or that fails to load. A sharded checkpoint loads into any number
+of processes (DCP reshards: saved by 2, resumed by 3, or by one process without FSDP) and a
+DDP-format one into FSDP (rank 0 reads it and broadcasts the shards).
 
 What bounds the loss is how often checkpoints are written: ``CheckpointSchedule`` saves every N
 steps and/or every M minutes (the time-based one bounds the loss in wall-clock time, whatever a
 step costs). With ``background=True`` the training state is copied (to CPU memory) and written by
-a thread while training goes on; the next save, or the end of the process, waits for it.
+a thread while training goes on; the next save, or ``wait()``, waits for it. With FSDP that is
+DCP's ``async_save`` on a process group of its own (gloo), so its collectives never interleave
+with training's; the process group must outlive it, so call ``wait()`` before ``teardown()``.
+A save after SIGTERM is the last one: it waits for the one in flight and is written before
+``save`` returns.
 
 The SIGTERM save does not run on SageMaker's PyTorch and Hugging Face images. Their entry point
 is ``bash -m start_with_right_hostname.sh``: bash is the container's first process, has no
@@ -28,10 +48,6 @@ torchrun (which would pass SIGTERM to its workers) all run under that bash and a
 ``SigtermFlag`` serves images whose entry point delivers SIGTERM to the script (and keeps the
 toolkit alive while the script saves) and runs by hand or under torchrun, which passes SIGTERM to
 its workers.
-
-With DDP rank 0 writes and the others wait (in the background: for its copy only); with FSDP2
-every rank takes part in gathering the full state (``torch.distributed.checkpoint.state_dict``),
-rank 0 writes it, and on resume rank 0 reads it and broadcasts the shards.
 
 API:
     Checkpointer(directory, learners, keep=2, trainable_only=False, background=False)
@@ -71,6 +87,10 @@ log = logging.getLogger("common")
 
 MANIFEST = "manifest.json"
 PREFIX = "step_"
+SHARDED = "sharded"  # the manifest's "format" of a DCP checkpoint
+
+# Set by SigtermFlag's handler: a save after it is the last one and must be on disk when save returns.
+_SIGTERM_RECEIVED = threading.Event()
 
 
 # --------------------------------------------------------------------------- RNG
@@ -105,10 +125,6 @@ def set_rng_state(state: dict) -> None:
 def _model_state(model, trainable_only: bool, copy: bool) -> dict:
     """The state to save, on CPU. ``copy``: tensors of their own, which training may not change
     while a thread writes them (``.cpu()`` of a CPU tensor is the live tensor itself)."""
-    if is_fsdp(model):  # collective: every rank calls it, rank 0 receives new full tensors
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
-
-        return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
     module = unwrap(model)
     if trainable_only:
         return {name: _to_cpu(p, copy) for name, p in module.named_parameters() if p.requires_grad}
@@ -116,11 +132,6 @@ def _model_state(model, trainable_only: bool, copy: bool) -> dict:
 
 
 def _optimizer_state(model, optimizer, copy: bool) -> dict:
-    if is_fsdp(model):
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
-
-        return get_optimizer_state_dict(model, optimizer,
-                                        options=StateDictOptions(full_state_dict=True, cpu_offload=True))
     state = optimizer.state_dict()  # references the live moment estimates
     return _copy_tensors(state) if copy else state
 
@@ -141,7 +152,7 @@ def _copy_tensors(value):
 
 
 def _load_model_state(model, state: dict, trainable_only: bool) -> None:
-    if is_fsdp(model):
+    if is_fsdp(model):  # a DDP-format checkpoint: rank 0 read it, the others get their shards from it
         from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 
         set_model_state_dict(model, state, options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True))
@@ -176,6 +187,40 @@ def _fsync_save(obj, path: Path) -> None:
         os.fsync(handle.fileno())
 
 
+# --------------------------------------------------------------------------- sharded (DCP) state
+
+
+def _sharded_state(model, optimizer) -> dict:
+    """Model and optimizer state as DCP saves and loads it: with FSDP2 each rank's own shards
+    (DTensors, nothing gathered); for a DDP or plain model the whole state. The same call gives
+    the tensors a load fills in place (with a fresh optimizer, DCP creates its state first).
+    Every parameter is in it (the scripts refuse LoRA with FSDP, so nothing here is frozen)."""
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    model_state, optimizer_state = get_state_dict(model, optimizer)
+    return {"model": model_state, "optimizer": optimizer_state}
+
+
+def _load_sharded(folder: Path, model, optimizer) -> None:
+    """Fill ``model`` and ``optimizer`` from the DCP checkpoint in ``folder``, whatever number of
+    processes wrote it (every rank calls it; one process without a process group may too)."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import set_state_dict
+
+    state = _sharded_state(model, optimizer)
+    dcp.load(state, checkpoint_id=str(folder))
+    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
+
+
+def _shard_sizes(metadata) -> dict[str, int]:
+    """Each shard file's size from DCP's index (``FileSystemWriter`` writes the items of a file
+    back to back), so rank 0 can list files other hosts wrote."""
+    sizes: dict[str, int] = {}
+    for info in (metadata.storage_data or {}).values():
+        sizes[info.relative_path] = max(sizes.get(info.relative_path, 0), info.offset + info.length)
+    return sizes
+
+
 # --------------------------------------------------------------------------- checkpointer
 
 
@@ -192,6 +237,7 @@ class Checkpointer:
         self.last_saved_step: int | None = None
         self._writer: threading.Thread | None = None
         self._write_error: BaseException | None = None
+        self._sharded_group = None  # the process group of DCP's background saves, made on first use
         if learners.is_main:
             self.directory.mkdir(parents=True, exist_ok=True)
             for leftover in self.directory.glob(".tmp-*"):  # an earlier run died while writing
@@ -208,21 +254,16 @@ class Checkpointer:
         if step == self.last_saved_step:
             return self.directory / f"{PREFIX}{step:08d}" if self.learners.is_main else None
         self.wait()
+        if is_fsdp(model):
+            return self._save_sharded(step, model, optimizer, scheduler, extra)
         started = time.perf_counter()
         rng_states = _gather_objects(rng_state(), self.learners)
         final = None
-        if self.learners.is_main or is_fsdp(model):  # FSDP gathers with every rank; DDP replicas are equal
+        if self.learners.is_main:  # DDP replicas are equal: rank 0 writes
             model_state = _model_state(model, self.trainable_only, copy=self.background)
             optimizer_state = _optimizer_state(model, optimizer, copy=self.background)
-        if self.learners.is_main:
             final = self.directory / f"{PREFIX}{step:08d}"
-            state = {
-                "step": step,
-                "scheduler": copy.deepcopy(scheduler.state_dict()) if scheduler is not None else None,
-                "rng": rng_states,
-                "world_size": self.learners.world_size,
-                "extra": extra or {},
-            }
+            state = self._training_state(step, scheduler, extra, rng_states)
             if self.background:
                 copied = time.perf_counter() - started
                 # Not a daemon: the interpreter waits for it before a clean exit (SIGTERM, last step).
@@ -235,6 +276,77 @@ class Checkpointer:
         barrier(self.learners)
         self.last_saved_step = step
         return final
+
+    def _training_state(self, step: int, scheduler, extra: dict | None, rng_states: list) -> dict:
+        return {
+            "step": step,
+            "scheduler": copy.deepcopy(scheduler.state_dict()) if scheduler is not None else None,
+            "rng": rng_states,
+            "world_size": self.learners.world_size,
+            "extra": extra or {},
+        }
+
+    def _save_sharded(self, step: int, model, optimizer, scheduler, extra: dict | None) -> Path | None:
+        """FSDP2: every rank writes its shards with DCP into ``step_*``; rank 0 writes the manifest
+        once DCP has finished on every rank (its ``.metadata`` is written after every rank's shards)."""
+        import torch.distributed.checkpoint as dcp
+
+        started = time.perf_counter()
+        rng_states = _gather_objects(rng_state(), self.learners)
+        final = self.directory / f"{PREFIX}{step:08d}"
+        if self.learners.is_main:
+            shutil.rmtree(final, ignore_errors=True)  # a torn or older run's folder of the same step
+            final.mkdir(parents=True)
+            _fsync_save(self._training_state(step, scheduler, extra, rng_states), final / "state.pt")
+        barrier(self.learners)
+        shards = _sharded_state(model, optimizer)
+        # After SIGTERM the script exits next: that save must be on disk when it returns. Agreed by all
+        # ranks, or the write's collectives would run in a thread on one rank and inline on another.
+        if self.background and not any_flag(_SIGTERM_RECEIVED.is_set(), self.learners):
+            if self._sharded_group is None and self.learners.distributed:
+                # DCP's planning and completion are collectives in the writer thread: on a group of their
+                # own they cannot interleave with training's (and async_save needs a CPU backend).
+                self._sharded_group = dist.new_group(backend="gloo")
+            future = dcp.async_save(shards, checkpoint_id=str(final), process_group=self._sharded_group)
+            copied = time.perf_counter() - started
+            # Not a daemon: the interpreter waits for it before a clean exit.
+            self._writer = threading.Thread(target=self._finish_sharded_in_background, name="checkpoint-writer",
+                                            args=(future, step, final, started, copied))
+            self._writer.start()
+        else:
+            metadata = dcp.save(shards, checkpoint_id=str(final))
+            if self.learners.is_main:
+                self._write_sharded_manifest(final, step, metadata)
+                log.info("checkpoint step %d saved to %s in %.1fs (sharded)", step, final,
+                         time.perf_counter() - started)
+        barrier(self.learners)
+        self.last_saved_step = step
+        return final if self.learners.is_main else None
+
+    def _finish_sharded_in_background(self, future, step: int, final: Path, started: float, copied: float) -> None:
+        try:
+            metadata = future.result()
+            if self.learners.is_main:
+                self._write_sharded_manifest(final, step, metadata)
+                log.info("checkpoint step %d saved to %s in %.1fs (sharded; training waited %.2fs for the copy)",
+                         step, final, time.perf_counter() - started, copied)
+        except BaseException as error:  # noqa: BLE001 - reported by the next save or wait()
+            log.error("checkpoint step %d could not be written: %r", step, error)
+            self._write_error = error
+
+    def _write_sharded_manifest(self, final: Path, step: int, metadata) -> None:
+        files = _shard_sizes(metadata)
+        for name in (".metadata", "state.pt"):
+            files[name] = (final / name).stat().st_size
+        manifest = {"step": step, "format": SHARDED, "files": files, "world_size": self.learners.world_size,
+                    "time": time.time()}
+        staging = final / f".tmp-{MANIFEST}"
+        with open(staging, "w") as handle:
+            handle.write(json.dumps(manifest, indent=1))
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(staging, final / MANIFEST)
+        self._prune()
 
     def wait(self) -> None:
         """Until the background write is on disk; its error, if it failed, is raised here."""
@@ -280,6 +392,10 @@ class Checkpointer:
 
     # ---------------------------------------------------------------- loading
 
+    def _format(self, folder: Path) -> str:
+        """``sharded`` (DCP, written with FSDP) or ``full`` (DDP and one process)."""
+        return json.loads((folder / MANIFEST).read_text()).get("format", "full")
+
     def _is_complete(self, folder: Path) -> bool:
         manifest_path = folder / MANIFEST
         if not manifest_path.is_file():
@@ -318,6 +434,14 @@ class Checkpointer:
         Every rank must call it (all ranks see the same files: one host, or SageMaker's S3 sync).
         """
         for folder in self._candidates():
+            if self._format(folder) == SHARDED:
+                try:
+                    state = torch.load(folder / "state.pt", map_location="cpu", weights_only=False)
+                    _load_sharded(folder, model, optimizer)
+                except Exception as error:  # noqa: BLE001 - DCP raises on every rank alike: try the previous one
+                    log.warning("skipping unreadable checkpoint %s: %s", folder, error)
+                    continue
+                return self._restore_training_state(folder, state, scheduler)
             try:
                 state = torch.load(folder / "state.pt", map_location="cpu", weights_only=False)
                 load_full = self.learners.is_main or not is_fsdp(model)
@@ -329,17 +453,20 @@ class Checkpointer:
                 continue
             _load_model_state(model, model_state, self.trainable_only)
             _load_optimizer_state(model, optimizer, optimizer_state)
-            if scheduler is not None and state["scheduler"] is not None:
-                scheduler.load_state_dict(state["scheduler"])
-            rng = state["rng"]
-            if len(rng) == self.learners.world_size:
-                set_rng_state(rng[self.learners.rank])
-            else:
-                log.warning("checkpoint was written by %d processes, now %d: random state not restored",
-                            len(rng), self.learners.world_size)
-            log.info("resumed from %s (step %d)", folder, state["step"])
-            return {"step": state["step"], "extra": state["extra"]}
+            return self._restore_training_state(folder, state, scheduler)
         return None
+
+    def _restore_training_state(self, folder: Path, state: dict, scheduler) -> dict:
+        if scheduler is not None and state["scheduler"] is not None:
+            scheduler.load_state_dict(state["scheduler"])
+        rng = state["rng"]
+        if len(rng) == self.learners.world_size:
+            set_rng_state(rng[self.learners.rank])
+        else:
+            log.warning("checkpoint was written by %d processes, now %d: random state not restored",
+                        len(rng), self.learners.world_size)
+        log.info("resumed from %s (step %d)", folder, state["step"])
+        return {"step": state["step"], "extra": state["extra"]}
 
 
 # --------------------------------------------------------------------------- when to save
@@ -390,6 +517,7 @@ class SigtermFlag:
 
     def _handle(self, signum, frame):
         self.received = True
+        _SIGTERM_RECEIVED.set()
         log.warning("SIGTERM received: saving a checkpoint after this step, then exiting")
 
     def should_stop(self, learners: Learners) -> bool:

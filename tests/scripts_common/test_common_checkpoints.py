@@ -127,7 +127,8 @@ def test_single_learner_context(clean_env):
 
 @pytest.mark.slow  # tests/sft_dpo covers the same path through sft.py (SIGTERM, resume) in the default run
 def test_checkpoints_under_two_processes_ddp_and_fsdp(tmp_path):
-    """Rank 0 writes, every rank restores (FSDP2: gathered, then broadcast as shards), bit for bit."""
+    """DDP: rank 0 writes, every rank restores; FSDP2: every rank writes and restores its shards
+    (tests/scripts_common/test_sharded_checkpoints.py covers the rest); bit for bit."""
     import subprocess
     import sys
     from pathlib import Path

@@ -48,8 +48,8 @@ def test_ddp_two_processes_match_one(script, dataset, tmp_path, offline_data, ti
 def test_fsdp_two_processes_survive_sigterm_and_match_one(tmp_path, offline_data, tiny_args, run_in_process,
                                                           interrupt_script, run_script, container_env, read_metrics):
     """The spot-interruption path on several GPUs: torchrun passes SIGTERM to its workers, they agree
-    on a step, gather the sharded state into one checkpoint and exit; the restarted job resumes
-    (rank 0 reads, shards are broadcast) and ends where one process ends."""
+    on a step, each writes its shards of one checkpoint and exits; the restarted job resumes
+    (each rank reads its shards) and ends where one process ends."""
     channels = {"train": offline_data["chat"], "test": offline_data["chat"]}
     args = [*tiny_args, "--max_steps", "6", "--checkpoint_every", "0"]
     run_in_process("sft", args, tmp_path / "one", channels)
