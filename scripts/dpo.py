@@ -130,16 +130,9 @@ def collate_pairs(examples: list[dict], pad_token_id: int, device: torch.device)
         for example in examples:
             sequences.append(example["prompt_ids"] + example[answer])
             masks.append([0] * len(example["prompt_ids"]) + [1] * len(example[answer]))
-    width = max(len(s) for s in sequences)
-    input_ids = torch.full((len(sequences), width), pad_token_id, dtype=torch.long)
-    attention_mask = torch.zeros((len(sequences), width), dtype=torch.long)
-    completion_mask = torch.zeros((len(sequences), width), dtype=torch.long)
-    for row, (sequence, mask) in enumerate(zip(sequences, masks, strict=True)):
-        input_ids[row, :len(sequence)] = torch.tensor(sequence)
-        attention_mask[row, :len(sequence)] = 1
-        completion_mask[row, :len(sequence)] = torch.tensor(mask)
-    return {"input_ids": input_ids.to(device), "attention_mask": attention_mask.to(device),
-            "completion_mask": completion_mask.to(device)}
+    input_ids, attention_mask = data.pad_rows(sequences, pad_token_id, left=False, device=device)
+    completion_mask, _ = data.pad_rows(masks, 0, left=False, device=device)
+    return {"input_ids": input_ids, "attention_mask": attention_mask, "completion_mask": completion_mask}
 
 
 # --------------------------------------------------------------------------- loss

@@ -143,16 +143,10 @@ def tokenize_conversation(tokenizer, messages: list[dict], max_length: int) -> d
 
 def collate(examples: list[dict], pad_token_id: int, device: torch.device) -> dict[str, torch.Tensor]:
     """Right-pad a micro-batch; padding is masked out of attention and loss."""
-    width = max(len(e["input_ids"]) for e in examples)
-    input_ids = torch.full((len(examples), width), pad_token_id, dtype=torch.long)
-    labels = torch.full((len(examples), width), IGNORE_INDEX, dtype=torch.long)
-    attention_mask = torch.zeros((len(examples), width), dtype=torch.long)
-    for row, example in enumerate(examples):
-        length = len(example["input_ids"])
-        input_ids[row, :length] = torch.tensor(example["input_ids"])
-        labels[row, :length] = torch.tensor(example["labels"])
-        attention_mask[row, :length] = 1
-    return {"input_ids": input_ids.to(device), "attention_mask": attention_mask.to(device), "labels": labels.to(device)}
+    input_ids, attention_mask = data.pad_rows([e["input_ids"] for e in examples], pad_token_id, left=False,
+                                              device=device)
+    labels, _ = data.pad_rows([e["labels"] for e in examples], IGNORE_INDEX, left=False, device=device)
+    return {"input_ids": input_ids, "attention_mask": attention_mask, "labels": labels}
 
 
 def token_loss_sum(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -19,6 +19,7 @@ API:
     autocast(learners)          bf16 autocast on GPU, nothing on CPU
     clip_grad_norm(model, max_norm) -> float   the norm before clipping (DDP and FSDP2 alike)
     all_reduce_sum(value, learners), any_flag(flag, learners), barrier(learners), teardown()
+    reduce_sums(sums, learners) -> dict  named sums over learners, in one all-reduce
     configure_efa()             EFA variables for p4d/p4de/p5 (called by setup)
 """
 
@@ -201,6 +202,15 @@ def all_reduce_sum(value: float | torch.Tensor, learners: Learners) -> torch.Ten
     if learners.distributed:
         dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
     return tensor
+
+
+def reduce_sums(sums: dict[str, float | torch.Tensor], learners: Learners) -> dict[str, float]:
+    """Each named value summed over the learners, in one all-reduce of them stacked (float64).
+    Every learner must pass the same names."""
+    names = sorted(sums)  # the same order on every learner, whatever order each built its dict in
+    stacked = torch.tensor([float(sums[name]) for name in names], dtype=torch.float64)
+    totals = dict(zip(names, all_reduce_sum(stacked, learners).tolist(), strict=True))
+    return {name: totals[name] for name in sums}
 
 
 def any_flag(flag: bool, learners: Learners) -> bool:

@@ -68,7 +68,7 @@ def digit_task(tiny_model_path, tmp_path_factory):
     """GSM8K-format rows "Pick a digit." / "#### 7" and the tiny model after a few seconds of SFT to
     answer any question with one random digit: rewards are then mixed within groups, the policy
     moves, and the resume tests compare runs that actually train."""
-    import grpo
+    from common import generation
     from environments.gsm8k import GSM8KEnvironment
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -79,7 +79,7 @@ def digit_task(tiny_model_path, tmp_path_factory):
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_pretrained(tiny_model_path)
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
-    prompt = grpo.prompt_token_ids(GSM8KEnvironment(), tokenizer, {"question": "Pick a digit."})
+    prompt = generation.prompt_token_ids(tokenizer, GSM8KEnvironment().prompt_messages({"question": "Pick a digit."}))
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     for step in range(30):
