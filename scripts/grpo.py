@@ -76,7 +76,7 @@ def add_grpo_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--lr_scheduler", choices=["cosine", "constant"], default="constant",
                        help="learning-rate schedule after warm-up (default: %(default)s)")
     group.add_argument("--warmup_steps", type=int, default=0, help="steps of linear warm-up (default: %(default)s)")
-    group.add_argument("--weight_decay", type=float, default=0.0, help="AdamW weight decay (default: %(default)s)")
+    group.add_argument("--weight_decay", type=float, default=0.0, help="AdamW weight decay on matrices (not on biases and norms) (default: %(default)s)")
     group.add_argument("--max_grad_norm", type=float, default=1.0,
                        help="clip the gradient norm to this; 0 = no clipping (default: %(default)s)")
 
@@ -205,16 +205,16 @@ def train(args, env: Environment, learners: distributed.Learners) -> bool:
     """
     check_arguments(args, learners)
     epsilon_high = args.epsilon if args.epsilon_high is None else args.epsilon_high
-    torch.manual_seed(args.seed + learners.rank)  # learners sample different completions
+    checkpoints.seed_everything(args.seed + learners.rank)  # learners sample different completions
 
     # ---- model, reference model, optimizer, schedule
     models.unpack_model_archive(learners)  # channel 'model' may be an earlier job's model.tar.gz
     model_path = models.resolve_model_path(args.model_name_or_path)
     tokenizer = models.load_tokenizer(model_path)
-    policy = models.load_model(model_path, learners.device, trainable=True)
+    policy = models.load_model(model_path, models.load_device(learners, args.strategy))
     reference = models.load_model(model_path, learners.device, trainable=False) if args.beta != 0.0 else None
-    model = distributed.wrap_model(policy, learners, args.strategy)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=args.learning_rate, weight_decay=args.weight_decay)
+    model = models.prepare_for_training(policy, learners, args.strategy)
+    optimizer = models.build_optimizer(model, args.learning_rate, args.weight_decay)
     # One optimizer update per iteration: the schedule counts updates, the options count steps.
     total_updates = args.max_steps * args.num_iterations
     warmup_updates = args.warmup_steps * args.num_iterations
@@ -314,9 +314,7 @@ def train(args, env: Environment, learners: distributed.Learners) -> bool:
                 loss_sum += loss.item()
                 clipped_tokens += stats["clipped_tokens"].item()
                 kl_sum += stats["kl_sum"].item()
-            grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(),
-                                                       args.max_grad_norm if args.max_grad_norm > 0 else float("inf"))
-            grad_norm_sum += float(grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm)
+            grad_norm_sum += distributed.clip_grad_norm(model, args.max_grad_norm)
             optimizer.step()
             scheduler.step()
             optimizer.zero_grad(set_to_none=True)
@@ -334,6 +332,7 @@ def train(args, env: Environment, learners: distributed.Learners) -> bool:
             "formatted": len(formats),
             "format_reward": sum(formats),
             "tokens": mask.sum(),
+            "sequence_tokens": attention_mask.sum(),
             "groups": len(indices),
             "zero_std_groups": (rewards.view(-1, args.num_generations).std(dim=1) == 0).sum(),
             "loss": loss_sum / args.num_iterations,
@@ -370,8 +369,9 @@ def train(args, env: Environment, learners: distributed.Learners) -> bool:
             raise RuntimeError(f"{type(env).__name__}.step_metrics returned {sorted(env_line.keys() & line.keys())}, "
                                "names the loop already logs; give them names of their own.")
         line.update(env_line)
+        logger.add_tokens(totals["sequence_tokens"])
         if step % args.log_every == 0 or step == args.max_steps:
-            logger.log(step, line, tokens=int(totals["tokens"]))
+            logger.log(step, line)
 
         # ---- 7. checkpoints by steps/minutes; on SIGTERM save and stop (the restarted job resumes here)
         stop = sigterm.should_stop(learners)
@@ -389,11 +389,8 @@ def main() -> None:
     from environments.gsm8k import GSM8KEnvironment
 
     args = build_parser().parse()
-    learners = distributed.setup()
-    try:
+    with distributed.started() as learners:
         train(args, GSM8KEnvironment(), learners)
-    finally:
-        distributed.teardown()
 
 
 if __name__ == "__main__":

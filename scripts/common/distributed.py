@@ -8,6 +8,7 @@ API:
     Learners                    rank, world_size, local_rank, device, is_main (+ helpers below)
     setup()                     read torchrun's variables, set EFA settings, start the process group
                                 (NCCL on GPUs, gloo on CPU), pick the device -> Learners
+    started()                   context: setup() on entry, teardown() on exit, also after an error
     single_learner(device=None) a one-process ``Learners`` (code_rl trains on rank 0 only)
     wrap_model(model, learners, strategy, activation_checkpointing=True)
                                 ``ddp``: DistributedDataParallel (or the bare model for one process);
@@ -111,6 +112,15 @@ def setup() -> Learners:
         log.info("host %s of %s, instance %s, %d GPUs per host, %d learners in all",
                  contract.current_host(), contract.hosts(), contract.instance_type(), contract.num_gpus(), world_size)
     return Learners(rank=rank, world_size=world_size, local_rank=local_rank, device=device)
+
+
+@contextlib.contextmanager
+def started():
+    """``with distributed.started() as learners:``: ``setup()``, and ``teardown()`` however the block ends."""
+    try:
+        yield setup()
+    finally:
+        teardown()
 
 
 def teardown() -> None:

@@ -19,6 +19,11 @@ API:
                                                   when this is transformers 4)
     add_transformers_4_keys(folder)               a folder saved by transformers 5 made readable by 4.56 too
     compute_dtype(device)                         bf16 on GPU, fp32 on CPU
+    load_device(learners, strategy)               where to load a model that is then wrapped (CPU under FSDP)
+    prepare_for_training(model, learners, strategy, gradient_checkpointing=False)
+                                                  activation checkpointing, train mode, DDP/FSDP wrapping
+    build_optimizer(model, lr, weight_decay, betas=(0.9, 0.999))
+                                                  AdamW, decay on matrices only (not biases and norms)
     save_final_model(model, tokenizer, out_dir, learners)
                                                   safetensors + tokenizer (LoRA merged first),
                                                   FSDP2 state gathered to rank 0, readable by 4.56 and 5
@@ -37,6 +42,7 @@ from pathlib import Path
 
 import torch
 
+from common import distributed
 from common.contract import UserError
 from common.distributed import Learners, barrier, unwrap
 
@@ -223,6 +229,33 @@ def load_model(path: str, device: torch.device, trainable: bool = True):
         model.eval()
         model.requires_grad_(False)
     return model
+
+
+def load_device(learners: Learners, strategy: str) -> torch.device:
+    """Where to load a model that ``prepare_for_training`` then wraps: FSDP moves each layer to the
+    GPU as it shards it, so loading on the CPU means no GPU ever holds the whole model."""
+    return torch.device("cpu") if strategy == "fsdp" else learners.device
+
+
+def prepare_for_training(model, learners: Learners, strategy: str, gradient_checkpointing: bool = False):
+    """The model in train mode and shared between the learners (``distributed.wrap_model``).
+
+    ``gradient_checkpointing`` recomputes activations in the backward pass with DDP; FSDP always does.
+    Build the optimizer from the returned model's parameters.
+    """
+    if gradient_checkpointing and strategy == "ddp":
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    model.train()
+    return distributed.wrap_model(model, learners, strategy)
+
+
+def build_optimizer(model, lr: float, weight_decay: float, betas: tuple[float, float] = (0.9, 0.999)):
+    """AdamW over the trainable parameters, with weight decay on matrices only (decaying biases and
+    norm gains hurts)."""
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    groups = [{"params": [p for p in trainable if p.ndim >= 2], "weight_decay": weight_decay},
+              {"params": [p for p in trainable if p.ndim < 2], "weight_decay": 0.0}]
+    return torch.optim.AdamW(groups, lr=lr, betas=betas)
 
 
 def _tied_weight_names(model) -> list[str]:
