@@ -16,8 +16,9 @@ model),
 
     loss = -log sigmoid(beta * ((logp_chosen - ref_logp_chosen) - (logp_rejected - ref_logp_rejected)))
 
-averaged over the pairs of the global batch. The reference runs alongside the policy, or, with
-``--precompute_ref_log_probs true``, once over the data before training and is then freed.
+averaged over the pairs of the global batch. The reference runs alongside the policy (sharded
+like it with ``--strategy fsdp``), or, with ``--precompute_ref_log_probs true``, once over the data
+before training and is then freed.
 Logged as TRL logs them (``/`` written ``_``): ``loss rewards_chosen rewards_rejected
 rewards_accuracies rewards_margins logps_chosen logps_rejected lr grad_norm``, where a
 reward is ``beta * (logp - ref_logp)``.
@@ -173,11 +174,17 @@ def precompute_reference_logps(reference, examples: list[dict], learners, batch_
     """[(chosen, rejected)] reference log-probs of every pair; each learner does its share."""
     mine = {}
     my_indices = list(range(learners.rank, len(examples), learners.world_size))
-    for start in range(0, len(my_indices), batch_size):
-        indices = my_indices[start:start + batch_size]
+    my_batches = [my_indices[start:start + batch_size] for start in range(0, len(my_indices), batch_size)]
+    # A sharded reference's forward is a collective: every learner runs as many as learner 0, which
+    # has the most pairs; the others repeat a batch they do not count.
+    rounds = -(-len(range(0, len(examples), learners.world_size)) // batch_size)
+    for round_index in range(rounds):
+        counted = round_index < len(my_batches)
+        indices = my_batches[round_index] if counted else [0]
         batch = collate_pairs([examples[i] for i in indices], pad_token_id, learners.device)
         chosen, rejected = reference_logps_of(reference, batch, learners)
-        mine.update({i: (c, r) for i, c, r in zip(indices, chosen.tolist(), rejected.tolist(), strict=True)})
+        if counted:
+            mine.update({i: (c, r) for i, c, r in zip(indices, chosen.tolist(), rejected.tolist(), strict=True)})
     if learners.distributed:
         everyone = [None] * learners.world_size
         torch.distributed.all_gather_object(everyone, mine)
@@ -239,7 +246,7 @@ def train(args, learners: distributed.Learners) -> bool:
     if args.reference_model_name_or_path:
         reference_path = models.resolve_model_path(args.reference_model_name_or_path,
                                                    "--reference_model_name_or_path", use_channel=False)
-    reference = models.load_model(reference_path, learners.device, trainable=False)
+    reference = models.load_reference(reference_path, learners, args.strategy)
     optimizer = models.build_optimizer(model, args.learning_rate, args.weight_decay)
     scheduler = get_cosine_schedule_with_warmup(optimizer, min(args.warmup_steps, args.max_steps), args.max_steps)
     batch_order = data.BatchOrder(len(examples), args.batch_size, args.seed)

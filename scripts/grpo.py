@@ -212,7 +212,7 @@ def train(args, env: Environment, learners: distributed.Learners) -> bool:
     model_path = models.resolve_model_path(args.model_name_or_path)
     tokenizer = models.load_tokenizer(model_path)
     policy = models.load_model(model_path, models.load_device(learners, args.strategy))
-    reference = models.load_model(model_path, learners.device, trainable=False) if args.beta != 0.0 else None
+    reference = models.load_reference(model_path, learners, args.strategy) if args.beta != 0.0 else None
     model = models.prepare_for_training(policy, learners, args.strategy)
     optimizer = models.build_optimizer(model, args.learning_rate, args.weight_decay)
     # One optimizer update per iteration: the schedule counts updates, the options count steps.

@@ -14,7 +14,8 @@ API:
                                                   the channel wins; bad local path -> UserError
     load_tokenizer(path)                          padding on the right, a pad token always set, and
                                                   PLAIN_CHAT_TEMPLATE when the tokenizer has no chat template
-    load_model(path, device, trainable=True)      AutoModelForCausalLM, dtype as above
+    load_model(path, device, trainable=True, dtype=None)
+                                                  AutoModelForCausalLM, dtype as above
                                                   (both: UserError for a folder only transformers 5 reads,
                                                   when this is transformers 4)
     add_transformers_4_keys(folder)               a folder saved by transformers 5 made readable by 4.56 too
@@ -22,6 +23,7 @@ API:
     load_device(learners, strategy)               where to load a model that is then wrapped (CPU under FSDP)
     prepare_for_training(model, learners, strategy, gradient_checkpointing=False)
                                                   activation checkpointing, train mode, DDP/FSDP wrapping
+    load_reference(path, learners, strategy)      the frozen reference model, sharded like the policy under FSDP
     build_optimizer(model, lr, weight_decay, betas=(0.9, 0.999))
                                                   AdamW, decay on matrices only (not biases and norms)
     save_final_model(model, tokenizer, out_dir, learners)
@@ -214,11 +216,12 @@ def load_tokenizer(path: str):
     return tokenizer
 
 
-def load_model(path: str, device: torch.device, trainable: bool = True):
-    """``AutoModelForCausalLM`` on ``device``: fp32 if trained, bf16 on GPU if frozen."""
+def load_model(path: str, device: torch.device, trainable: bool = True, dtype: torch.dtype | None = None):
+    """``AutoModelForCausalLM`` on ``device``: fp32 if trained, bf16 on GPU if frozen (or ``dtype``)."""
     from transformers import AutoModelForCausalLM
 
-    dtype = torch.float32 if trainable else compute_dtype(device)
+    if dtype is None:
+        dtype = torch.float32 if trainable else compute_dtype(device)
     _check_readable_here(path)
     try:
         model = AutoModelForCausalLM.from_pretrained(path, **_dtype_kwarg(dtype))
@@ -247,6 +250,18 @@ def prepare_for_training(model, learners: Learners, strategy: str, gradient_chec
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     model.train()
     return distributed.wrap_model(model, learners, strategy)
+
+
+def load_reference(path: str, learners: Learners, strategy: str):
+    """The frozen reference model (DPO's, GRPO's KL penalty): no gradients, no optimizer state, bf16
+    on GPU. With ``--strategy fsdp`` it is sharded like the policy, so each GPU holds 1/N of its
+    weights (plus its root unit, embeddings and head, which FSDP2 keeps gathered after a forward)
+    instead of a whole copy; its forward is then a collective, which every learner must run alike.
+    """
+    if strategy != "fsdp":
+        return load_model(path, learners.device, trainable=False)
+    model = load_model(path, torch.device("cpu"), trainable=False, dtype=compute_dtype(learners.device))
+    return distributed.wrap_model(model, learners, strategy, activation_checkpointing=False)
 
 
 def build_optimizer(model, lr: float, weight_decay: float, betas: tuple[float, float] = (0.9, 0.999)):
