@@ -1,5 +1,5 @@
 """GRPO rollout throughput: a step's groups in one batched ``generate`` call against one call per
-completion, both through ``grpo.HFGenerator`` (the class the loop samples with).
+completion, both through ``common.generation.HFGenerator`` (the class GRPO samples with).
 
 Completion tokens per second (the stop token counted, padding not), on CPU, alternating the two
 ways ``rounds`` times on the same prompts; the figure is the median over rounds.
@@ -21,17 +21,16 @@ PROMPTS, GROUP, MAX_NEW_TOKENS = 2, 8, 32
 
 def _generator(model_path):
     sys.path.insert(0, str(SCRIPTS_DIR))
-    import grpo
-    from common import distributed, models
+    from common import distributed, generation, models
     from environments.gsm8k import GSM8KEnvironment
 
     learners = distributed.single_learner("cpu")
     tokenizer = models.load_tokenizer(str(model_path))
     model = models.load_model(str(model_path), learners.device, trainable=True)
-    generator = grpo.HFGenerator(model, tokenizer, MAX_NEW_TOKENS, temperature=1.0, learners=learners)
+    generator = generation.HFGenerator(model, tokenizer, learners, max_new_tokens=MAX_NEW_TOKENS, temperature=1.0)
     env = GSM8KEnvironment()
     examples = env.load(data_dir() / "gsm8k" / "train.jsonl")[:PROMPTS]
-    prompts = [grpo.prompt_token_ids(env, tokenizer, example) for example in examples]
+    prompts = [generation.prompt_token_ids(tokenizer, env.prompt_messages(example)) for example in examples]
     return generator, prompts
 
 

@@ -8,7 +8,7 @@ random from a configuration, token ids random (SFT) or from the tiny offline tok
 
 1. SFT: a Qwen2.5-1.5B-shaped model, fp32 master weights, FSDP2 ``fully_shard`` per decoder layer
    with bf16 compute and activation checkpointing (``common.distributed.wrap_model(strategy="fsdp")``),
-   AdamW and the loss of ``sft.py`` (``sft.build_optimizer``, ``sft.token_loss_sum``). Tokens/s
+   AdamW and the loss of ``sft.py`` (``models.build_optimizer``, ``sft.token_loss_sum``). Tokens/s
    over all GPUs and MFU = 6 x parameters x tokens/s (+ causal attention) / (GPUs x peak bf16
    FLOP/s); recomputation is not counted as useful work. Goal: MFU >= 40 % on H100/H200.
 2. GRPO (one process only): ``grpo.train`` against TRL's ``GRPOTrainer``, both sampling with
@@ -31,7 +31,6 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from types import SimpleNamespace
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 for folder in (REPO_ROOT, REPO_ROOT / "scripts"):  # runs as a file under torchrun, as a module in tests
@@ -138,9 +137,9 @@ def train_steps_fsdp(model, learners, micro_batch: int, seq_len: int, vocab_size
                      gradient_accumulation: int = 1) -> list[float]:
     """``steps`` SFT optimizer steps on random tokens with sft.py's loss and optimizer; seconds each."""
     import sft
-    from common import distributed
+    from common import distributed, models
 
-    optimizer = sft.build_optimizer(model, SimpleNamespace(learning_rate=1e-5, weight_decay=0.0))
+    optimizer = models.build_optimizer(model, lr=1e-5, weight_decay=0.0)
     generator = torch.Generator(device="cpu").manual_seed(learners.rank)
     times = []
     for _ in range(steps):

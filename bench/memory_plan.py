@@ -20,6 +20,11 @@ i intermediate, k = key/value width, V vocabulary, L layers):
                                    while it is recomputed, and their gradients
   logits       b x s x V x 16      bf16 logits, the fp32 log-softmax kept by cross-entropy and the
                                    fp32 / bf16 gradients flowing back through them
+  reference    DPO's / GRPO's frozen reference model in bf16 (``models.load_reference``), when
+               there is one: ``replicated`` (every GPU a whole copy, ``--strategy ddp``) P x 2;
+               ``sharded`` (``--strategy fsdp``) P x 2 / W + root params x 2, the root unit that
+               FSDP2 keeps gathered after a forward (with no backward it stays so). Its forward
+               runs outside the policy's, so its transient layers and logits are not counted.
 Not counted: the CUDA context and allocator fragmentation (``max_memory_allocated`` does not see
 them either; leave ~3-5 GiB), NCCL buffers.
 """
@@ -90,10 +95,13 @@ def layer_activation_bytes(shape: ModelShape, tokens: int) -> int:
 
 
 def memory_plan(shape: ModelShape, world_size: int, micro_batch: int, seq_len: int,
-                master_dtype: str = "fp32", prefetched_layers: int = 2) -> dict[str, int]:
-    """Bytes per GPU for each term of the module docstring, and their ``total``."""
+                master_dtype: str = "fp32", prefetched_layers: int = 2, reference: str = "none") -> dict[str, int]:
+    """Bytes per GPU for each term of the module docstring, and their ``total``; ``reference``:
+    none (SFT, GRPO with beta 0), sharded or replicated (a ``reference`` term is added)."""
     if master_dtype not in ("fp32", "bf16"):
         raise ValueError(f"master_dtype must be fp32 or bf16, got {master_dtype!r}")
+    if reference not in ("none", "sharded", "replicated"):
+        raise ValueError(f"reference must be none, sharded or replicated, got {reference!r}")
     if world_size < 1 or micro_batch < 1 or seq_len < 1:
         raise ValueError("world_size, micro_batch and seq_len must be at least 1")
     master = 4 if master_dtype == "fp32" else 2
@@ -110,6 +118,10 @@ def memory_plan(shape: ModelShape, world_size: int, micro_batch: int, seq_len: i
         "recomputed_layer": 2 * layer_activation_bytes(shape, tokens),
         "logits": tokens * shape.vocab_size * LOGIT_BYTES,
     }
+    if reference == "replicated":
+        plan["reference"] = params * 2
+    elif reference == "sharded":
+        plan["reference"] = params * 2 // world_size + shape.root_params() * 2
     plan["total"] = sum(plan.values())
     return plan
 
@@ -194,8 +206,11 @@ def main() -> None:
     parser.add_argument("--master_dtype", choices=["fp32", "bf16"], default="fp32")
     parser.add_argument("--disk_gb_per_s", type=float, default=DISK_GB_PER_S)
     parser.add_argument("--writer_gb_per_s", type=float, default=WRITER_GB_PER_S)
+    parser.add_argument("--reference", choices=["none", "sharded", "replicated"], default="none",
+                        help="DPO's or GRPO's frozen reference model: none, sharded (--strategy fsdp) or replicated")
     args = parser.parse_args()
-    plan = memory_plan(LLAMA_3_1_8B, args.world_size, args.micro_batch, args.seq_len, args.master_dtype)
+    plan = memory_plan(LLAMA_3_1_8B, args.world_size, args.micro_batch, args.seq_len, args.master_dtype,
+                       reference=args.reference)
     print(format_plan(plan, f"Llama-3.1-8B full fine-tune, FSDP2 over {args.world_size} GPUs, micro-batch "
                             f"{args.micro_batch} x {args.seq_len} tokens, {args.master_dtype} master weights", 80))
     variants = {f"{dtype} masters, {batch} x {length}": memory_plan(LLAMA_3_1_8B, args.world_size, batch, length, dtype)
@@ -207,6 +222,11 @@ def main() -> None:
                                  args.writer_gb_per_s)
     print(format_checkpoint_plan(checkpoint, f"Llama-3.1-8B checkpoint (model + AdamW, {args.master_dtype}) over "
                                              f"{args.world_size} ranks", args.disk_gb_per_s, args.writer_gb_per_s))
+    references = {f"reference {kind}": memory_plan(LLAMA_3_1_8B, args.world_size, args.micro_batch, args.seq_len,
+                                                   args.master_dtype, reference=kind)
+                  for kind in ("sharded", "replicated")}
+    print(f"DPO / GRPO with a reference model over {args.world_size} GPUs (GiB per GPU):\n")
+    print(format_plans(references, 80))
 
 
 if __name__ == "__main__":

@@ -6,7 +6,7 @@ For each benchmark model (bench.fixtures: tiny 1.3 M, small ~25 M parameters):
   * a cross_entropy step (forward_backward + optim_step, result awaited) through the SDK v3 in its
     own environment, against the same engine calls in-process on the same batch: overhead ratio
     (goals: <= 1.5x tiny, <= 1.1x small);
-  * sampling tokens/s through the SDK against grpo.py's HFGenerator on the same prompt, samples and
+  * sampling tokens/s through the SDK against the scripts' HFGenerator on the same prompt, samples and
     token limit (goal: >= 0.9x);
   * the time from an operation's completion (the endpoint's clock) to the SDK's ``result()``
     returning (the client's clock, same machine): median (goal: < 50 ms).
@@ -62,12 +62,12 @@ def in_process_steps(path: str, datums: list[list[int]], warmup: int, steps: int
 def in_process_sampling(path: str, prompt: list[int]) -> tuple[float, int]:
     sys.path.insert(0, str(REPO_ROOT / "scripts"))
     from common import distributed
-    from grpo import HFGenerator
+    from common.generation import HFGenerator
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(path)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
-    generator = HFGenerator(model, tokenizer, MAX_TOKENS, 1.0, distributed.single_learner("cpu"))
+    generator = HFGenerator(model, tokenizer, distributed.single_learner("cpu"), max_new_tokens=MAX_TOKENS)
     torch.manual_seed(0)
     started = time.perf_counter()
     completions, _ = generator.generate([prompt], SAMPLES)

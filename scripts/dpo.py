@@ -16,8 +16,9 @@ model),
 
     loss = -log sigmoid(beta * ((logp_chosen - ref_logp_chosen) - (logp_rejected - ref_logp_rejected)))
 
-averaged over the pairs of the global batch. The reference runs alongside the policy, or, with
-``--precompute_ref_log_probs true``, once over the data before training and is then freed.
+averaged over the pairs of the global batch. The reference runs alongside the policy (sharded
+like it with ``--strategy fsdp``), or, with ``--precompute_ref_log_probs true``, once over the data
+before training and is then freed.
 Logged as TRL logs them (``/`` written ``_``): ``loss rewards_chosen rewards_rejected
 rewards_accuracies rewards_margins logps_chosen logps_rejected lr grad_norm``, where a
 reward is ``beta * (logp - ref_logp)``.
@@ -49,8 +50,6 @@ from transformers import get_cosine_schedule_with_warmup
 log = logging.getLogger("dpo")
 
 FIELDS = ("prompt", "chosen", "rejected")
-STATS = ("loss", "rewards_chosen", "rewards_rejected", "rewards_accuracies", "rewards_margins",
-         "logps_chosen", "logps_rejected")
 
 
 def parse_args(argv: list[str] | None = None):
@@ -75,6 +74,8 @@ def parse_args(argv: list[str] | None = None):
     parser.add_argument("--eval_every", type=int, default=0,
                         help="with a 'test' channel: evaluate every N steps; 0 = at the end only (default: %(default)s)")
     parser.add_argument("--warmup_steps", type=int, default=10, help="linear warm-up steps (default: %(default)s)")
+    parser.add_argument("--weight_decay", type=float, default=0.0,
+                        help="AdamW weight decay on matrices (not on biases and norms) (default: %(default)s)")
     parser.add_argument("--max_grad_norm", type=float, default=1.0,
                         help="clip the gradients' global norm; 0 = no clipping (default: %(default)s)")
     parser.add_argument("--gradient_checkpointing", type=str2bool, default=False,
@@ -130,16 +131,9 @@ def collate_pairs(examples: list[dict], pad_token_id: int, device: torch.device)
         for example in examples:
             sequences.append(example["prompt_ids"] + example[answer])
             masks.append([0] * len(example["prompt_ids"]) + [1] * len(example[answer]))
-    width = max(len(s) for s in sequences)
-    input_ids = torch.full((len(sequences), width), pad_token_id, dtype=torch.long)
-    attention_mask = torch.zeros((len(sequences), width), dtype=torch.long)
-    completion_mask = torch.zeros((len(sequences), width), dtype=torch.long)
-    for row, (sequence, mask) in enumerate(zip(sequences, masks, strict=True)):
-        input_ids[row, :len(sequence)] = torch.tensor(sequence)
-        attention_mask[row, :len(sequence)] = 1
-        completion_mask[row, :len(sequence)] = torch.tensor(mask)
-    return {"input_ids": input_ids.to(device), "attention_mask": attention_mask.to(device),
-            "completion_mask": completion_mask.to(device)}
+    input_ids, attention_mask = data.pad_rows(sequences, pad_token_id, left=False, device=device)
+    completion_mask, _ = data.pad_rows(masks, 0, left=False, device=device)
+    return {"input_ids": input_ids, "attention_mask": attention_mask, "completion_mask": completion_mask}
 
 
 # --------------------------------------------------------------------------- loss
@@ -180,11 +174,17 @@ def precompute_reference_logps(reference, examples: list[dict], learners, batch_
     """[(chosen, rejected)] reference log-probs of every pair; each learner does its share."""
     mine = {}
     my_indices = list(range(learners.rank, len(examples), learners.world_size))
-    for start in range(0, len(my_indices), batch_size):
-        indices = my_indices[start:start + batch_size]
+    my_batches = [my_indices[start:start + batch_size] for start in range(0, len(my_indices), batch_size)]
+    # A sharded reference's forward is a collective: every learner runs as many as learner 0, which
+    # has the most pairs; the others repeat a batch they do not count.
+    rounds = -(-len(range(0, len(examples), learners.world_size)) // batch_size)
+    for round_index in range(rounds):
+        counted = round_index < len(my_batches)
+        indices = my_batches[round_index] if counted else [0]
         batch = collate_pairs([examples[i] for i in indices], pad_token_id, learners.device)
         chosen, rejected = reference_logps_of(reference, batch, learners)
-        mine.update({i: (c, r) for i, c, r in zip(indices, chosen.tolist(), rejected.tolist(), strict=True)})
+        if counted:
+            mine.update({i: (c, r) for i, c, r in zip(indices, chosen.tolist(), rejected.tolist(), strict=True)})
     if learners.distributed:
         everyone = [None] * learners.world_size
         torch.distributed.all_gather_object(everyone, mine)
@@ -217,14 +217,15 @@ def evaluate(model, reference, ref_table, examples: list[dict], learners, args, 
 # --------------------------------------------------------------------------- training
 
 
-def main(argv: list[str] | None = None) -> None:
-    args = parse_args(argv)
-    learners = distributed.setup()
+def train(args, learners: distributed.Learners) -> bool:
+    """Train with DPO on channel ``train`` and save the model. Returns False if stopped by SIGTERM (a
+    checkpoint was saved and the run resumes from it), True when training finished."""
     if args.batch_size % (args.per_device_batch_size * learners.world_size):
         raise UserError(f"--batch_size {args.batch_size} must be a multiple of --per_device_batch_size "
                         f"{args.per_device_batch_size} x {learners.world_size} processes.")
     checkpoints.seed_everything(args.seed)
 
+    # ---- data
     models.unpack_model_archive(learners)  # channel 'model' may be an earlier job's model.tar.gz
     model_path = models.resolve_model_path(args.model_name_or_path)
     tokenizer = models.load_tokenizer(model_path)
@@ -237,23 +238,20 @@ def main(argv: list[str] | None = None) -> None:
         test_rows = data.read_jsonl(contract.channel_file("test", "test.jsonl"), FIELDS)
         test_examples = [tokenize_pair(tokenizer, row, args.max_prompt_length, args.max_length) for row in test_rows]
 
-    # FSDP moves each layer to the GPU as it shards it: loading on the CPU, no GPU holds the whole model.
-    model = models.load_model(model_path, torch.device("cpu") if args.strategy == "fsdp" else learners.device)
-    model.config.use_cache = False
-    if args.gradient_checkpointing and args.strategy == "ddp":
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    model.train()
-    model = distributed.wrap_model(model, learners, args.strategy)
+    # ---- policy, frozen reference, optimizer, schedule, batch order
+    model = models.load_model(model_path, models.load_device(learners, args.strategy))
+    model.config.use_cache = False  # no generation cache while training
+    model = models.prepare_for_training(model, learners, args.strategy, args.gradient_checkpointing)
     reference_path = model_path  # the starting model, unless another is named
     if args.reference_model_name_or_path:
         reference_path = models.resolve_model_path(args.reference_model_name_or_path,
                                                    "--reference_model_name_or_path", use_channel=False)
-    reference = models.load_model(reference_path, learners.device, trainable=False)
-
-    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=args.learning_rate)
+    reference = models.load_reference(reference_path, learners, args.strategy)
+    optimizer = models.build_optimizer(model, args.learning_rate, args.weight_decay)
     scheduler = get_cosine_schedule_with_warmup(optimizer, min(args.warmup_steps, args.max_steps), args.max_steps)
     batch_order = data.BatchOrder(len(examples), args.batch_size, args.seed)
 
+    # ---- resume after a spot interruption or a restart, from the newest whole checkpoint
     checkpoint_dir = args.checkpoint_dir or contract.default_checkpoint_dir()
     checkpointer = checkpoints.Checkpointer(checkpoint_dir, learners, keep=args.keep_checkpoints,
                                             background=args.checkpoint_in_background)
@@ -277,15 +275,16 @@ def main(argv: list[str] | None = None) -> None:
                                   resume_step=start_step)
     sigterm = checkpoints.SigtermFlag()
     checkpoint_schedule = checkpoints.CheckpointSchedule(args.checkpoint_every, args.checkpoint_every_minutes)
-    tokens_since_log = 0
 
     for step in range(start_step + 1, args.max_steps + 1):
-        # The global batch, longest first so micro-batches hold similar lengths (less padding).
+        # ---- the global batch, longest first so micro-batches hold similar lengths (less padding)
         global_batch = sorted(batch_order.next(), key=lambda i: -len(examples[i]["prompt_ids"])
                               - max(len(examples[i]["chosen_ids"]), len(examples[i]["rejected_ids"])))
         my_micro_batches = data.shard_batch(global_batch, learners, args.per_device_batch_size)
 
-        local_sums = torch.zeros(len(STATS), dtype=torch.float64)
+        # ---- forward and backward over this learner's micro-batches (gradient accumulation)
+        sums = dict.fromkeys(("loss", "rewards_chosen", "rewards_rejected", "rewards_accuracies", "rewards_margins",
+                              "logps_chosen", "logps_rejected"), 0.0)
         for micro_step, indices in enumerate(my_micro_batches):
             batch = collate_pairs([examples[i] for i in indices], tokenizer.pad_token_id, learners.device)
             ref_chosen, ref_rejected = reference_logps_for(indices, batch, reference, ref_table, learners)
@@ -300,30 +299,35 @@ def main(argv: list[str] | None = None) -> None:
                 # DDP/FSDP average gradients over processes; times world_size / batch_size makes the
                 # result the gradient of the mean loss over the global batch's pairs.
                 (losses.sum() * learners.world_size / args.batch_size).backward()
-            local_sums += torch.tensor([
-                losses.sum().item(), chosen_rewards.sum().item(), rejected_rewards.sum().item(),
-                (chosen_rewards > rejected_rewards).float().sum().item(),
-                (chosen_rewards - rejected_rewards).sum().item(),
-                chosen_logps.sum().item(), rejected_logps.sum().item()], dtype=torch.float64)
-            tokens_since_log += int(batch["attention_mask"].sum()) * learners.world_size
+            sums["loss"] += losses.sum().item()
+            sums["rewards_chosen"] += chosen_rewards.sum().item()
+            sums["rewards_rejected"] += rejected_rewards.sum().item()
+            sums["rewards_accuracies"] += (chosen_rewards > rejected_rewards).float().sum().item()
+            sums["rewards_margins"] += (chosen_rewards - rejected_rewards).sum().item()
+            sums["logps_chosen"] += chosen_logps.sum().item()
+            sums["logps_rejected"] += rejected_logps.sum().item()
 
+        # ---- clip, step
         grad_norm = distributed.clip_grad_norm(model, args.max_grad_norm)
         optimizer.step()
         scheduler.step()
         optimizer.zero_grad(set_to_none=True)
 
+        # ---- log (and evaluate): means over the global batch's pairs
+        logger.add_tokens(sum(2 * len(examples[i]["prompt_ids"]) + len(examples[i]["chosen_ids"])
+                              + len(examples[i]["rejected_ids"]) for i in global_batch))
         evaluate_now = bool(test_examples) and (step == args.max_steps or
                                                 (args.eval_every > 0 and step % args.eval_every == 0))
         if step % args.log_every == 0 or step == args.max_steps or evaluate_now:
-            means = (distributed.all_reduce_sum(local_sums, learners) / args.batch_size).tolist()
-            record = {**dict(zip(STATS, means, strict=True)), "lr": scheduler.get_last_lr()[0],
-                      "grad_norm": grad_norm, "epoch": batch_order.epoch}
+            totals = distributed.reduce_sums(sums, learners)
+            record = {name: total / args.batch_size for name, total in totals.items()}
+            record.update(lr=scheduler.get_last_lr()[0], grad_norm=grad_norm, epoch=batch_order.epoch)
             if evaluate_now:
                 record.update(evaluate(model, reference, test_ref_table, test_examples, learners, args,
                                        tokenizer.pad_token_id))
-            logger.log(step, record, tokens=tokens_since_log)
-            tokens_since_log = 0
+            logger.log(step, record)
 
+        # ---- checkpoints by steps/minutes; on SIGTERM save and stop (the restarted job resumes here)
         stop = sigterm.should_stop(learners)
         if stop or checkpoint_schedule.due(step, learners):
             extra = {"batch_order": batch_order.state_dict()}
@@ -332,12 +336,17 @@ def main(argv: list[str] | None = None) -> None:
             checkpointer.save(step, model, optimizer, scheduler, extra=extra)
         if stop:
             log.warning("stopped by SIGTERM after step %d; the checkpoint resumes from here", step)
-            distributed.teardown()
-            return
+            return False
 
     checkpointer.wait()  # a background checkpoint still being written needs the process group
     models.save_final_model(model, tokenizer, contract.model_dir(), learners)
-    distributed.teardown()
+    return True
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    with distributed.started() as learners:
+        train(args, learners)
 
 
 if __name__ == "__main__":

@@ -22,9 +22,8 @@ import logging
 import os
 import time
 
-import grpo
 import torch
-from common import contract, distributed, metrics, models
+from common import contract, distributed, generation, metrics, models
 from environments import REGISTRY, make_environment
 
 log = logging.getLogger("evaluate")
@@ -41,11 +40,6 @@ def build_parser() -> contract.HyperparameterParser:
     parser.add_argument("--batch_size", type=int, default=32, help="prompts per generate call (default: %(default)s)")
     parser.add_argument("--max_examples", type=int, default=0,
                         help="evaluate only the first N examples; 0 = all (default: %(default)s)")
-    parser.add_argument("--generation_backend", choices=["hf", "vllm"], default="hf",
-                        help="hf: transformers generate; vllm: a vLLM engine when vllm is installed (falls back to "
-                             "hf otherwise) (default: %(default)s)")
-    parser.add_argument("--vllm_gpu_memory_utilization", type=float, default=0.8,
-                        help="share of GPU memory the vLLM engine may take (default: %(default)s)")
     parser.add_argument("--seed", type=int, default=42, help="seed (decoding is greedy) (default: %(default)s)")
     return parser
 
@@ -69,7 +63,6 @@ def main() -> None:
     args = build_parser().parse()
     if args.batch_size < 1 or args.max_new_tokens < 1:
         raise contract.UserError("--batch_size and --max_new_tokens must be at least 1.")
-    args.temperature = 1.0  # unused by greedy decoding; the generators take one
     torch.manual_seed(args.seed)
     learners = distributed.single_learner()
     with contextlib.ExitStack() as stack:
@@ -84,13 +77,13 @@ def evaluate(args, learners, env) -> None:
     examples = env.load(contract.channel_file("test", "test.jsonl"))
     if args.max_examples > 0:
         examples = examples[:args.max_examples]
-    generator = grpo.make_generator(args, model, tokenizer, model_path, learners)
+    generator = generation.HFGenerator(model, tokenizer, learners, max_new_tokens=args.max_new_tokens)
 
     started = time.perf_counter()
     records = []
     for start in range(0, len(examples), args.batch_size):
         batch = examples[start:start + args.batch_size]
-        prompts = [grpo.prompt_token_ids(env, tokenizer, example) for example in batch]
+        prompts = [generation.prompt_token_ids(tokenizer, env.prompt_messages(example)) for example in batch]
         _, completions = generator.generate(prompts, num_generations=1, greedy=True)
         for offset, (example, completion, score) in enumerate(zip(batch, completions, env.score(batch, completions),
                                                                    strict=True)):

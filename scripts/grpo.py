@@ -25,11 +25,10 @@ from __future__ import annotations
 import argparse
 import logging
 import math
-import os
 import time
 
 import torch
-from common import checkpoints, contract, data, distributed, metrics, models
+from common import checkpoints, contract, data, distributed, generation, metrics, models
 from common.contract import UserError
 from environments import Environment
 from transformers import get_constant_schedule_with_warmup, get_cosine_schedule_with_warmup
@@ -77,14 +76,9 @@ def add_grpo_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--lr_scheduler", choices=["cosine", "constant"], default="constant",
                        help="learning-rate schedule after warm-up (default: %(default)s)")
     group.add_argument("--warmup_steps", type=int, default=0, help="steps of linear warm-up (default: %(default)s)")
-    group.add_argument("--weight_decay", type=float, default=0.0, help="AdamW weight decay (default: %(default)s)")
+    group.add_argument("--weight_decay", type=float, default=0.0, help="AdamW weight decay on matrices (not on biases and norms) (default: %(default)s)")
     group.add_argument("--max_grad_norm", type=float, default=1.0,
                        help="clip the gradient norm to this; 0 = no clipping (default: %(default)s)")
-    group.add_argument("--generation_backend", choices=["hf", "vllm"], default="hf",
-                       help="hf: transformers generate; vllm: a vLLM engine on the same GPU when vllm is installed "
-                            "(falls back to hf otherwise) (default: %(default)s)")
-    group.add_argument("--vllm_gpu_memory_utilization", type=float, default=0.3,
-                       help="share of GPU memory the vLLM engine may take (default: %(default)s)")
 
 
 def build_parser() -> contract.HyperparameterParser:
@@ -190,155 +184,13 @@ def grpo_loss(logprobs, old_logprobs, ref_logprobs, advantages, mask, *, loss_ty
     return loss, stats
 
 
-# --------------------------------------------------------------------------- generation
-
-
-class HFGenerator:
-    """Sampling with transformers' ``generate``: KV cache, every group of the step in one batched call,
-    prompts padded on the left so all completions start at the same column."""
-
-    def __init__(self, model, tokenizer, max_new_tokens: int, temperature: float, learners: distributed.Learners):
-        self.model = model
-        self.tokenizer = tokenizer
-        self.max_new_tokens = max_new_tokens
-        self.temperature = temperature
-        self.learners = learners
-        eos = model.generation_config.eos_token_id
-        eos = eos if isinstance(eos, list) else [eos] if eos is not None else []
-        self.stop_ids = sorted(set(eos) | {tokenizer.eos_token_id})
-        # FSDP layers gather their weights in every forward, a collective: learners that finish their
-        # completions early must keep stepping until all have finished, or the others wait forever.
-        self.synced_gpus = learners.world_size > 1 and distributed.is_fsdp(model)
-
-    def _generation_config(self, greedy: bool):
-        from transformers import GenerationConfig
-
-        # Plain sampling from softmax(logits / temperature): the log-probs the loss computes must be
-        # those of the distribution sampled from, so no top-k/top-p/repetition penalty from the model card.
-        settings = dict(max_new_tokens=self.max_new_tokens, eos_token_id=self.stop_ids,
-                        pad_token_id=self.tokenizer.pad_token_id, repetition_penalty=1.0, do_sample=not greedy)
-        if not greedy:
-            settings.update(temperature=self.temperature, top_k=0, top_p=1.0)
-        return GenerationConfig(**settings)
-
-    @torch.no_grad()
-    def generate(self, prompts_token_ids: list[list[int]], num_generations: int = 1,
-                 greedy: bool = False) -> tuple[list[list[int]], list[str]]:
-        """``num_generations`` completions per prompt, ordered prompt by prompt: token ids (ending with
-        the stop token when the model stopped) and decoded text."""
-        rows = [ids for ids in prompts_token_ids for _ in range(num_generations)]
-        width = max(len(ids) for ids in rows)
-        pad = self.tokenizer.pad_token_id
-        input_ids = torch.tensor([[pad] * (width - len(ids)) + ids for ids in rows], device=self.learners.device)
-        attention_mask = torch.tensor([[0] * (width - len(ids)) + [1] * len(ids) for ids in rows],
-                                      device=self.learners.device)
-        model = distributed.unwrap(self.model)
-        was_training = model.training
-        model.eval()
-        # generate() fills unset options from model.generation_config (how differs between transformers
-        # 4.x and 5.x); swapping it in for the call makes the sampling settings exactly ours in both.
-        saved_config = model.generation_config
-        model.generation_config = self._generation_config(greedy)
-        try:
-            with distributed.autocast(self.learners):
-                output = model.generate(input_ids=input_ids, attention_mask=attention_mask,
-                                        synced_gpus=self.synced_gpus)
-        finally:
-            model.generation_config = saved_config
-            model.train(was_training)
-        completions = []
-        for row in output[:, width:].tolist():
-            stop = next((i for i, token in enumerate(row) if token in self.stop_ids), None)
-            completions.append(row if stop is None else row[:stop + 1])  # keep the stop token: the model learns to stop
-        texts = self.tokenizer.batch_decode(completions, skip_special_tokens=True)
-        return completions, texts
-
-    def sync_weights(self, model) -> None:
-        """Nothing to copy: generate() runs on the training model itself."""
-
-
-class VLLMGenerator:
-    """Sampling with a vLLM engine on the learner's own GPU (much faster for long completions).
-
-    Used only with ``--generation_backend vllm`` when ``vllm`` imports. The engine keeps its own copy of
-    the weights, so ``sync_weights`` copies the policy into it after every optimizer update.
-    """
-
-    def __init__(self, model_path: str, tokenizer, max_new_tokens: int, temperature: float,
-                 learners: distributed.Learners, gpu_memory_utilization: float, seed: int, max_model_len: int):
-        # Keep the engine in this process so its model is reachable for load_weights.
-        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-        from vllm import LLM
-
-        options = {}
-        if learners.world_size > 1:  # one engine per learner, started inside torchrun's processes
-            options["distributed_executor_backend"] = "external_launcher"
-        self.llm = LLM(model=model_path, dtype="bfloat16", gpu_memory_utilization=gpu_memory_utilization,
-                       seed=seed + learners.rank, max_model_len=max_model_len, enable_prefix_caching=True, **options)
-        self.tokenizer = tokenizer
-        self.max_new_tokens = max_new_tokens
-        self.temperature = temperature
-
-    def generate(self, prompts_token_ids: list[list[int]], num_generations: int = 1,
-                 greedy: bool = False) -> tuple[list[list[int]], list[str]]:
-        from vllm import SamplingParams
-
-        params = SamplingParams(n=num_generations, temperature=0.0 if greedy else self.temperature, top_p=1.0,
-                                max_tokens=self.max_new_tokens)
-        outputs = self.llm.generate([{"prompt_token_ids": ids} for ids in prompts_token_ids], params, use_tqdm=False)
-        samples = [sample for output in outputs for sample in output.outputs]
-        return [list(sample.token_ids) for sample in samples], [sample.text for sample in samples]
-
-    @torch.no_grad()
-    def sync_weights(self, model) -> None:
-        engine_model = self.llm.llm_engine.model_executor.driver_worker.model_runner.model
-        for name, tensor in distributed.unwrap(model).state_dict().items():
-            if hasattr(tensor, "full_tensor"):  # FSDP2 shard: every learner gathers, in the same order
-                tensor = tensor.full_tensor()
-            engine_model.load_weights([(name, tensor.to(torch.bfloat16))])
-        self.llm.reset_prefix_cache()
-
-
-def make_generator(args, model, tokenizer, model_path: str, learners: distributed.Learners):
-    if args.generation_backend == "vllm":
-        try:
-            import vllm  # noqa: F401
-        except ImportError:
-            log.warning("--generation_backend vllm: vllm is not installed here, generating with transformers instead")
-        else:
-            return VLLMGenerator(model_path, tokenizer, args.max_new_tokens, args.temperature, learners,
-                                 args.vllm_gpu_memory_utilization, args.seed,
-                                 max_model_len=getattr(model.config, "max_position_embeddings", 4096))
-    return HFGenerator(model, tokenizer, args.max_new_tokens, args.temperature, learners)
-
-
-def prompt_token_ids(env: Environment, tokenizer, example: dict) -> list[int]:
-    """The example's chat messages rendered with the chat template, ready for the assistant's answer."""
-    text = tokenizer.apply_chat_template(env.prompt_messages(example), tokenize=False, add_generation_prompt=True)
-    return tokenizer(text, add_special_tokens=False)["input_ids"]
-
-
-def pad_rows(rows: list[list[int]], value: int, left: bool, device) -> tuple[torch.Tensor, torch.Tensor]:
-    """A (rows, longest) tensor padded with ``value`` on the left or right, and its 0/1 mask."""
-    width = max(len(row) for row in rows)
-    ids, mask = [], []
-    for row in rows:
-        padding = [value] * (width - len(row))
-        ids.append(padding + row if left else row + padding)
-        mask.append([0] * len(padding) + [1] * len(row) if left else [1] * len(row) + [0] * len(padding))
-    return torch.tensor(ids, device=device), torch.tensor(mask, device=device)
-
-
 def environment_metrics(env: Environment, learners: distributed.Learners) -> dict[str, float]:
     """``env.step_metrics()`` (optional, see ``environments/__init__.py``) averaged over the learners.
     Called every step on every learner, also between logging steps, so each call covers one step."""
     if not hasattr(env, "step_metrics"):
         return {}
-    own = env.step_metrics()
-    names = sorted(own)
-    totals = distributed.all_reduce_sum(torch.tensor([float(own[name]) for name in names], dtype=torch.float64),
-                                        learners).tolist()
-    return {name: total / learners.world_size for name, total in zip(names, totals, strict=True)}
+    totals = distributed.reduce_sums(env.step_metrics(), learners)
+    return {name: total / learners.world_size for name, total in totals.items()}
 
 
 # --------------------------------------------------------------------------- the loop
@@ -353,16 +205,16 @@ def train(args, env: Environment, learners: distributed.Learners) -> bool:
     """
     check_arguments(args, learners)
     epsilon_high = args.epsilon if args.epsilon_high is None else args.epsilon_high
-    torch.manual_seed(args.seed + learners.rank)  # learners sample different completions
+    checkpoints.seed_everything(args.seed + learners.rank)  # learners sample different completions
 
     # ---- model, reference model, optimizer, schedule
     models.unpack_model_archive(learners)  # channel 'model' may be an earlier job's model.tar.gz
     model_path = models.resolve_model_path(args.model_name_or_path)
     tokenizer = models.load_tokenizer(model_path)
-    policy = models.load_model(model_path, learners.device, trainable=True)
-    reference = models.load_model(model_path, learners.device, trainable=False) if args.beta != 0.0 else None
-    model = distributed.wrap_model(policy, learners, args.strategy)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=args.learning_rate, weight_decay=args.weight_decay)
+    policy = models.load_model(model_path, models.load_device(learners, args.strategy))
+    reference = models.load_reference(model_path, learners, args.strategy) if args.beta != 0.0 else None
+    model = models.prepare_for_training(policy, learners, args.strategy)
+    optimizer = models.build_optimizer(model, args.learning_rate, args.weight_decay)
     # One optimizer update per iteration: the schedule counts updates, the options count steps.
     total_updates = args.max_steps * args.num_iterations
     warmup_updates = args.warmup_steps * args.num_iterations
@@ -373,7 +225,7 @@ def train(args, env: Environment, learners: distributed.Learners) -> bool:
 
     # ---- data, in a reproducible order that survives restarts
     examples = env.load(contract.channel_file("train", "train.jsonl"))
-    prompts = [prompt_token_ids(env, tokenizer, example) for example in examples]
+    prompts = [generation.prompt_token_ids(tokenizer, env.prompt_messages(example)) for example in examples]
     batch_order = data.BatchOrder(len(examples), args.prompts_per_step, args.seed)
     prompts_per_learner = args.prompts_per_step // learners.world_size
 
@@ -385,9 +237,9 @@ def train(args, env: Environment, learners: distributed.Learners) -> bool:
     if resumed is not None:
         start_step = resumed["step"]
         batch_order.load_state_dict(resumed["extra"]["batch_order"])
-    generator = make_generator(args, policy, tokenizer, model_path, learners)
-    if resumed is not None:
-        generator.sync_weights(model)
+    # Sampling runs on the policy itself, so every update is in the next step's rollouts.
+    generator = generation.HFGenerator(policy, tokenizer, learners, max_new_tokens=args.max_new_tokens,
+                                       temperature=args.temperature)
     logger = metrics.MetricLogger(contract.output_data_dir() / "metrics.jsonl", learners, args.max_steps, start_step)
     sigterm = checkpoints.SigtermFlag()
     checkpoint_schedule = checkpoints.CheckpointSchedule(args.checkpoint_every, args.checkpoint_every_minutes)
@@ -421,8 +273,8 @@ def train(args, env: Environment, learners: distributed.Learners) -> bool:
         # ---- 5. the policy update
         started = time.perf_counter()
         prompt_rows = [prompts[i] for i in indices for _ in range(args.num_generations)]
-        prompt_ids, prompt_mask = pad_rows(prompt_rows, tokenizer.pad_token_id, left=True, device=learners.device)
-        completion_tensor, completion_mask = pad_rows(completion_ids, tokenizer.pad_token_id, left=False,
+        prompt_ids, prompt_mask = data.pad_rows(prompt_rows, tokenizer.pad_token_id, left=True, device=learners.device)
+        completion_tensor, completion_mask = data.pad_rows(completion_ids, tokenizer.pad_token_id, left=False,
                                                       device=learners.device)
         input_ids = torch.cat([prompt_ids, completion_tensor], dim=1)
         attention_mask = torch.cat([prompt_mask, completion_mask], dim=1)
@@ -462,57 +314,64 @@ def train(args, env: Environment, learners: distributed.Learners) -> bool:
                 loss_sum += loss.item()
                 clipped_tokens += stats["clipped_tokens"].item()
                 kl_sum += stats["kl_sum"].item()
-            grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(),
-                                                       args.max_grad_norm if args.max_grad_norm > 0 else float("inf"))
-            grad_norm_sum += float(grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm)
+            grad_norm_sum += distributed.clip_grad_norm(model, args.max_grad_norm)
             optimizer.step()
             scheduler.step()
             optimizer.zero_grad(set_to_none=True)
-        generator.sync_weights(model)
         train_time = time.perf_counter() - started
 
-        # ---- 6. metrics: sums over learners, then means
+        # ---- 6. metrics: sums over the learners, then means
         correct = [float(s["correct"]) for s in scores if "correct" in s]
         formats = [float(s["format_reward"]) for s in scores if "format_reward" in s]
-        zero_std_groups = (rewards.view(-1, args.num_generations).std(dim=1) == 0).sum().item()
-        totals = distributed.all_reduce_sum(torch.tensor([
-            len(scores), rewards.sum().item(), (rewards ** 2).sum().item(), len(correct), sum(correct),
-            len(formats), sum(formats), mask.sum().item(), len(indices), zero_std_groups,
-            loss_sum / args.num_iterations, clipped_tokens, kl_sum, grad_norm_sum / args.num_iterations,
-            gen_time, reward_time, train_time,
-        ], dtype=torch.float64), learners).tolist()
-        (n, reward_total, reward_squares, n_correct, correct_total, n_format, format_total, token_total, n_groups,
-         zero_std_total, loss_total, clipped_total, kl_total, grad_norm_total, gen_total, reward_time_total,
-         train_total) = totals
-        reward_mean = reward_total / n
+        totals = distributed.reduce_sums({
+            "completions": len(scores),
+            "reward": rewards.sum(),
+            "reward_squares": (rewards ** 2).sum(),
+            "judged": len(correct),
+            "correct": sum(correct),
+            "formatted": len(formats),
+            "format_reward": sum(formats),
+            "tokens": mask.sum(),
+            "sequence_tokens": attention_mask.sum(),
+            "groups": len(indices),
+            "zero_std_groups": (rewards.view(-1, args.num_generations).std(dim=1) == 0).sum(),
+            "loss": loss_sum / args.num_iterations,
+            "clipped_tokens": clipped_tokens,
+            "kl": kl_sum,
+            "grad_norm": grad_norm_sum / args.num_iterations,
+            "gen_time": gen_time,
+            "reward_time": reward_time,
+            "train_time": train_time,
+        }, learners)
+        n = totals["completions"]
+        updated_tokens = totals["tokens"] * args.num_iterations
+        reward_mean = totals["reward"] / n
         line = {"reward": reward_mean,
-                "reward_std": math.sqrt(max(reward_squares / n - reward_mean ** 2, 0.0) * n / max(n - 1, 1))}
-        if n_correct:
-            line["accuracy"] = correct_total / n_correct
-        if n_format:
-            line["format_reward"] = format_total / n_format
-        updated_tokens = token_total * args.num_iterations
+                "reward_std": math.sqrt(max(totals["reward_squares"] / n - reward_mean ** 2, 0.0) * n / max(n - 1, 1))}
+        if totals["judged"]:
+            line["accuracy"] = totals["correct"] / totals["judged"]
+        if totals["formatted"]:
+            line["format_reward"] = totals["format_reward"] / totals["formatted"]
         if args.beta != 0.0:
-            line["kl"] = kl_total / updated_tokens
-        line.update({
-            "clip_ratio": clipped_total / updated_tokens,
-            "completion_length": token_total / n,
-            "frac_reward_zero_std": zero_std_total / n_groups,
-            "loss": loss_total / learners.world_size,
-            "grad_norm": grad_norm_total / learners.world_size,
-            "lr": scheduler.get_last_lr()[0],
-            "gen_time": gen_total / learners.world_size,
-            "reward_time": reward_time_total / learners.world_size,
-            "train_time": train_total / learners.world_size,
-        })
+            line["kl"] = totals["kl"] / updated_tokens
+        line["clip_ratio"] = totals["clipped_tokens"] / updated_tokens
+        line["completion_length"] = totals["tokens"] / n
+        line["frac_reward_zero_std"] = totals["zero_std_groups"] / totals["groups"]
+        line["loss"] = totals["loss"] / learners.world_size
+        line["grad_norm"] = totals["grad_norm"] / learners.world_size
+        line["lr"] = scheduler.get_last_lr()[0]
+        line["gen_time"] = totals["gen_time"] / learners.world_size
+        line["reward_time"] = totals["reward_time"] / learners.world_size
+        line["train_time"] = totals["train_time"] / learners.world_size
         # The environment's own metrics (the code judge's verdict rates, ...) join the same record.
         env_line = environment_metrics(env, learners)
         if env_line.keys() & line.keys():
             raise RuntimeError(f"{type(env).__name__}.step_metrics returned {sorted(env_line.keys() & line.keys())}, "
                                "names the loop already logs; give them names of their own.")
         line.update(env_line)
+        logger.add_tokens(totals["sequence_tokens"])
         if step % args.log_every == 0 or step == args.max_steps:
-            logger.log(step, line, tokens=int(token_total))
+            logger.log(step, line)
 
         # ---- 7. checkpoints by steps/minutes; on SIGTERM save and stop (the restarted job resumes here)
         stop = sigterm.should_stop(learners)
@@ -531,11 +390,8 @@ def main() -> None:
     from environments.gsm8k import GSM8KEnvironment
 
     args = build_parser().parse()
-    learners = distributed.setup()
-    try:
+    with distributed.started() as learners:
         train(args, GSM8KEnvironment(), learners)
-    finally:
-        distributed.teardown()
 
 
 if __name__ == "__main__":

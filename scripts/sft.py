@@ -143,16 +143,10 @@ def tokenize_conversation(tokenizer, messages: list[dict], max_length: int) -> d
 
 def collate(examples: list[dict], pad_token_id: int, device: torch.device) -> dict[str, torch.Tensor]:
     """Right-pad a micro-batch; padding is masked out of attention and loss."""
-    width = max(len(e["input_ids"]) for e in examples)
-    input_ids = torch.full((len(examples), width), pad_token_id, dtype=torch.long)
-    labels = torch.full((len(examples), width), IGNORE_INDEX, dtype=torch.long)
-    attention_mask = torch.zeros((len(examples), width), dtype=torch.long)
-    for row, example in enumerate(examples):
-        length = len(example["input_ids"])
-        input_ids[row, :length] = torch.tensor(example["input_ids"])
-        labels[row, :length] = torch.tensor(example["labels"])
-        attention_mask[row, :length] = 1
-    return {"input_ids": input_ids.to(device), "attention_mask": attention_mask.to(device), "labels": labels.to(device)}
+    input_ids, attention_mask = data.pad_rows([e["input_ids"] for e in examples], pad_token_id, left=False,
+                                              device=device)
+    labels, _ = data.pad_rows([e["labels"] for e in examples], IGNORE_INDEX, left=False, device=device)
+    return {"input_ids": input_ids, "attention_mask": attention_mask, "labels": labels}
 
 
 def token_loss_sum(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -197,35 +191,24 @@ def build_model(args, model_path: str, learners: distributed.Learners):
                             target_modules=targets, task_type="CAUSAL_LM")
         model = get_peft_model(base, config)
     else:
-        # FSDP moves each layer to the GPU as it shards it: loading on the CPU, no GPU holds the whole model.
-        model = models.load_model(model_path, torch.device("cpu") if args.strategy == "fsdp" else learners.device)
+        model = models.load_model(model_path, models.load_device(learners, args.strategy))
     model.config.use_cache = False  # no generation cache while training
-    if args.gradient_checkpointing and args.strategy == "ddp":
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    model.train()
-    return distributed.wrap_model(model, learners, args.strategy)
-
-
-def build_optimizer(model, args):
-    """AdamW with weight decay on matrices only (decaying biases and norm gains hurts)."""
-    trainable = [p for p in model.parameters() if p.requires_grad]
-    groups = [{"params": [p for p in trainable if p.ndim >= 2], "weight_decay": args.weight_decay},
-              {"params": [p for p in trainable if p.ndim < 2], "weight_decay": 0.0}]
-    return torch.optim.AdamW(groups, lr=args.learning_rate, betas=(0.9, 0.999))
+    return models.prepare_for_training(model, learners, args.strategy, args.gradient_checkpointing)
 
 
 # --------------------------------------------------------------------------- training
 
 
-def main(argv: list[str] | None = None) -> None:
-    args = parse_args(argv)
-    learners = distributed.setup()
+def train(args, learners: distributed.Learners) -> bool:
+    """Fine-tune on channel ``train`` and save the model. Returns False if stopped by SIGTERM (a
+    checkpoint was saved and the run resumes from it), True when training finished."""
     if args.batch_size % (args.per_device_batch_size * learners.world_size):
         raise UserError(f"--batch_size {args.batch_size} must be a multiple of --per_device_batch_size "
                         f"{args.per_device_batch_size} x {learners.world_size} processes.")
     accumulation_steps = args.batch_size // (args.per_device_batch_size * learners.world_size)
     checkpoints.seed_everything(args.seed)
 
+    # ---- data
     models.unpack_model_archive(learners)  # channel 'model' may be an earlier job's model.tar.gz
     model_path = models.resolve_model_path(args.model_name_or_path)
     tokenizer = models.load_tokenizer(model_path)  # with a plain template if the model has none
@@ -239,12 +222,13 @@ def main(argv: list[str] | None = None) -> None:
         test_rows = data.read_jsonl(contract.channel_file("test", "test.jsonl"), ["messages"], check=check_conversation)
         test_examples = [tokenize_conversation(tokenizer, row["messages"], args.max_length) for row in test_rows]
 
+    # ---- model, optimizer, schedule, batch order
     model = build_model(args, model_path, learners)
-    optimizer = build_optimizer(model, args)
+    optimizer = models.build_optimizer(model, args.learning_rate, args.weight_decay)
     scheduler = get_cosine_schedule_with_warmup(optimizer, min(args.warmup_steps, args.max_steps), args.max_steps)
     batch_order = data.BatchOrder(len(examples), args.batch_size, args.seed)
 
-    # Resume after a spot interruption or a restart, from the newest whole checkpoint.
+    # ---- resume after a spot interruption or a restart, from the newest whole checkpoint
     checkpoint_dir = args.checkpoint_dir or contract.default_checkpoint_dir()
     checkpointer = checkpoints.Checkpointer(checkpoint_dir, learners, keep=args.keep_checkpoints,
                                             trainable_only=args.lora_r > 0, background=args.checkpoint_in_background)
@@ -261,13 +245,13 @@ def main(argv: list[str] | None = None) -> None:
              start_step + 1, args.max_steps, args.batch_size, accumulation_steps, args.per_device_batch_size,
              learners.world_size)
 
-    tokens_since_log = 0
     for step in range(start_step + 1, args.max_steps + 1):
-        # The global batch, longest first so micro-batches hold similar lengths (less padding).
+        # ---- the global batch, longest first so micro-batches hold similar lengths (less padding)
         global_batch = sorted(batch_order.next(), key=lambda i: -len(examples[i]["input_ids"]))
         num_targets = max(sum(examples[i]["num_targets"] for i in global_batch), 1)
         my_micro_batches = data.shard_batch(global_batch, learners, args.per_device_batch_size)
 
+        # ---- forward and backward over this learner's micro-batches (gradient accumulation)
         local_loss_sum = 0.0
         for micro_step, indices in enumerate(my_micro_batches):
             batch = collate([examples[i] for i in indices], tokenizer.pad_token_id, learners.device)
@@ -281,12 +265,14 @@ def main(argv: list[str] | None = None) -> None:
                 (loss_sum * learners.world_size / num_targets).backward()
             local_loss_sum += loss_sum.item()
 
+        # ---- clip, step
         grad_norm = distributed.clip_grad_norm(model, args.max_grad_norm)
         optimizer.step()
         scheduler.step()
         optimizer.zero_grad(set_to_none=True)
 
-        tokens_since_log += sum(len(examples[i]["input_ids"]) for i in global_batch)
+        # ---- log (and evaluate)
+        logger.add_tokens(sum(len(examples[i]["input_ids"]) for i in global_batch))
         evaluate_now = bool(test_examples) and (step == args.max_steps or
                                                 (args.eval_every > 0 and step % args.eval_every == 0))
         if step % args.log_every == 0 or step == args.max_steps or evaluate_now:
@@ -296,20 +282,25 @@ def main(argv: list[str] | None = None) -> None:
             if evaluate_now:
                 record["eval_loss"] = evaluate(model, test_examples, learners, args.per_device_batch_size,
                                                tokenizer.pad_token_id)
-            logger.log(step, record, tokens=tokens_since_log)
-            tokens_since_log = 0
+            logger.log(step, record)
 
+        # ---- checkpoints by steps/minutes; on SIGTERM save and stop (the restarted job resumes here)
         stop = sigterm.should_stop(learners)
         if stop or checkpoint_schedule.due(step, learners):
             checkpointer.save(step, model, optimizer, scheduler, extra={"batch_order": batch_order.state_dict()})
         if stop:
             log.warning("stopped by SIGTERM after step %d; the checkpoint resumes from here", step)
-            distributed.teardown()
-            return
+            return False
 
     checkpointer.wait()  # a background checkpoint still being written needs the process group
     models.save_final_model(model, tokenizer, contract.model_dir(), learners)
-    distributed.teardown()
+    return True
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    with distributed.started() as learners:
+        train(args, learners)
 
 
 if __name__ == "__main__":

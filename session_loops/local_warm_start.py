@@ -29,8 +29,8 @@ WARM_START_MODEL = "local/tiny-qwen2-gsm8k-format"
 
 def build(out_dir: Path, steps: int, seed: int = 0) -> Path:
     import torch
+    from common.data import pad_rows  # the job-side loops' padding
     from environments.gsm8k import GSM8KEnvironment
-    from grpo import pad_rows  # the job-side loop's padding
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from helpers.tiny_model import tiny_model_dir

@@ -20,6 +20,8 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
+if str(REPO / "tests") not in sys.path:
+    sys.path.append(str(REPO / "tests"))  # container_env.py (the site-packages of .venv hold a 'tests' package)
 
 
 @pytest.fixture(scope="session")

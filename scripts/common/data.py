@@ -14,6 +14,9 @@ API:
     evaluation_batches(num_examples, learners, micro_batch_size) -> list[(list[int], bool)]
         this learner's share of a whole evaluation set; every learner gets the same number of
         batches (FSDP's forward is a collective), the padding ones flagged ``False`` (not counted).
+    pad_rows(rows, value, left, device) -> (ids, mask)
+        token-id rows padded with ``value`` to one width, on the left (prompts to generate from)
+        or the right (sequences to train on), and the 0/1 mask of the real tokens.
 """
 
 from __future__ import annotations
@@ -126,3 +129,14 @@ def evaluation_batches(num_examples: int, learners: Learners, micro_batch_size: 
         counted = position < len(chunks)
         batches.append((chunks[position] if counted else chunks[0], counted))
     return batches
+
+
+def pad_rows(rows: list[list[int]], value: int, left: bool, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """A (rows, longest) tensor padded with ``value`` on the left or right, and its 0/1 mask."""
+    width = max(len(row) for row in rows)
+    ids, mask = [], []
+    for row in rows:
+        padding = [value] * (width - len(row))
+        ids.append(padding + row if left else row + padding)
+        mask.append([0] * len(padding) + [1] * len(row) if left else [1] * len(row) + [0] * len(padding))
+    return torch.tensor(ids, device=device), torch.tensor(mask, device=device)

@@ -8,6 +8,7 @@ API:
     Learners                    rank, world_size, local_rank, device, is_main (+ helpers below)
     setup()                     read torchrun's variables, set EFA settings, start the process group
                                 (NCCL on GPUs, gloo on CPU), pick the device -> Learners
+    started()                   context: setup() on entry, teardown() on exit, also after an error
     single_learner(device=None) a one-process ``Learners`` (code_rl trains on rank 0 only)
     wrap_model(model, learners, strategy, activation_checkpointing=True)
                                 ``ddp``: DistributedDataParallel (or the bare model for one process);
@@ -19,6 +20,7 @@ API:
     autocast(learners)          bf16 autocast on GPU, nothing on CPU
     clip_grad_norm(model, max_norm) -> float   the norm before clipping (DDP and FSDP2 alike)
     all_reduce_sum(value, learners), any_flag(flag, learners), barrier(learners), teardown()
+    reduce_sums(sums, learners) -> dict  named sums over learners, in one all-reduce
     configure_efa()             EFA variables for p4d/p4de/p5 (called by setup)
 """
 
@@ -112,6 +114,15 @@ def setup() -> Learners:
     return Learners(rank=rank, world_size=world_size, local_rank=local_rank, device=device)
 
 
+@contextlib.contextmanager
+def started():
+    """``with distributed.started() as learners:``: ``setup()``, and ``teardown()`` however the block ends."""
+    try:
+        yield setup()
+    finally:
+        teardown()
+
+
 def teardown() -> None:
     if dist.is_initialized():
         dist.destroy_process_group()
@@ -201,6 +212,15 @@ def all_reduce_sum(value: float | torch.Tensor, learners: Learners) -> torch.Ten
     if learners.distributed:
         dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
     return tensor
+
+
+def reduce_sums(sums: dict[str, float | torch.Tensor], learners: Learners) -> dict[str, float]:
+    """Each named value summed over the learners, in one all-reduce of them stacked (float64).
+    Every learner must pass the same names."""
+    names = sorted(sums)  # the same order on every learner, whatever order each built its dict in
+    stacked = torch.tensor([float(sums[name]) for name in names], dtype=torch.float64)
+    totals = dict(zip(names, all_reduce_sum(stacked, learners).tolist(), strict=True))
+    return {name: totals[name] for name in sums}
 
 
 def any_flag(flag: bool, learners: Learners) -> bool:

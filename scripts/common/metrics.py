@@ -12,7 +12,8 @@ object to ``$SM_OUTPUT_DATA_DIR/metrics.jsonl``. A separate human line tells pro
 
 API:
     MetricLogger(path, learners, max_steps, resume_step=0)
-        .log(step, metrics: dict, tokens=0)   rank 0 prints and appends; others do nothing
+        .add_tokens(count)                    a step's trained tokens over all learners (for tokens/s)
+        .log(step, metrics: dict)             rank 0 prints and appends; others do nothing
     format_metric_line(step, metrics) -> str
 """
 
@@ -74,9 +75,13 @@ class MetricLogger:
                         continue
             self.path.write_text("".join(line + "\n" for line in kept))
 
-    def log(self, step: int, metrics: dict[str, float], tokens: int = 0) -> None:
-        """Record ``metrics`` of ``step``; ``tokens`` processed since the last call feed tokens/s."""
-        self.tokens += tokens
+    def add_tokens(self, count: int) -> None:
+        """Count a step's trained tokens for tokens/s: the non-pad tokens of the sequences the step
+        trained on (prompts included), over all learners. Every loop counts them this way."""
+        self.tokens += int(count)
+
+    def log(self, step: int, metrics: dict[str, float]) -> None:
+        """Record ``metrics`` of ``step``."""
         if not self.learners.is_main:
             return
         print(format_metric_line(step, metrics), flush=True)

@@ -14,11 +14,18 @@ API:
                                                   the channel wins; bad local path -> UserError
     load_tokenizer(path)                          padding on the right, a pad token always set, and
                                                   PLAIN_CHAT_TEMPLATE when the tokenizer has no chat template
-    load_model(path, device, trainable=True)      AutoModelForCausalLM, dtype as above
+    load_model(path, device, trainable=True, dtype=None)
+                                                  AutoModelForCausalLM, dtype as above
                                                   (both: UserError for a folder only transformers 5 reads,
                                                   when this is transformers 4)
     add_transformers_4_keys(folder)               a folder saved by transformers 5 made readable by 4.56 too
     compute_dtype(device)                         bf16 on GPU, fp32 on CPU
+    load_device(learners, strategy)               where to load a model that is then wrapped (CPU under FSDP)
+    prepare_for_training(model, learners, strategy, gradient_checkpointing=False)
+                                                  activation checkpointing, train mode, DDP/FSDP wrapping
+    load_reference(path, learners, strategy)      the frozen reference model, sharded like the policy under FSDP
+    build_optimizer(model, lr, weight_decay, betas=(0.9, 0.999))
+                                                  AdamW, decay on matrices only (not biases and norms)
     save_final_model(model, tokenizer, out_dir, learners)
                                                   safetensors + tokenizer (LoRA merged first),
                                                   FSDP2 state gathered to rank 0, readable by 4.56 and 5
@@ -37,6 +44,7 @@ from pathlib import Path
 
 import torch
 
+from common import distributed
 from common.contract import UserError
 from common.distributed import Learners, barrier, unwrap
 
@@ -208,11 +216,12 @@ def load_tokenizer(path: str):
     return tokenizer
 
 
-def load_model(path: str, device: torch.device, trainable: bool = True):
-    """``AutoModelForCausalLM`` on ``device``: fp32 if trained, bf16 on GPU if frozen."""
+def load_model(path: str, device: torch.device, trainable: bool = True, dtype: torch.dtype | None = None):
+    """``AutoModelForCausalLM`` on ``device``: fp32 if trained, bf16 on GPU if frozen (or ``dtype``)."""
     from transformers import AutoModelForCausalLM
 
-    dtype = torch.float32 if trainable else compute_dtype(device)
+    if dtype is None:
+        dtype = torch.float32 if trainable else compute_dtype(device)
     _check_readable_here(path)
     try:
         model = AutoModelForCausalLM.from_pretrained(path, **_dtype_kwarg(dtype))
@@ -223,6 +232,45 @@ def load_model(path: str, device: torch.device, trainable: bool = True):
         model.eval()
         model.requires_grad_(False)
     return model
+
+
+def load_device(learners: Learners, strategy: str) -> torch.device:
+    """Where to load a model that ``prepare_for_training`` then wraps: FSDP moves each layer to the
+    GPU as it shards it, so loading on the CPU means no GPU ever holds the whole model."""
+    return torch.device("cpu") if strategy == "fsdp" else learners.device
+
+
+def prepare_for_training(model, learners: Learners, strategy: str, gradient_checkpointing: bool = False):
+    """The model in train mode and shared between the learners (``distributed.wrap_model``).
+
+    ``gradient_checkpointing`` recomputes activations in the backward pass with DDP; FSDP always does.
+    Build the optimizer from the returned model's parameters.
+    """
+    if gradient_checkpointing and strategy == "ddp":
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    model.train()
+    return distributed.wrap_model(model, learners, strategy)
+
+
+def load_reference(path: str, learners: Learners, strategy: str):
+    """The frozen reference model (DPO's, GRPO's KL penalty): no gradients, no optimizer state, bf16
+    on GPU. With ``--strategy fsdp`` it is sharded like the policy, so each GPU holds 1/N of its
+    weights (plus its root unit, embeddings and head, which FSDP2 keeps gathered after a forward)
+    instead of a whole copy; its forward is then a collective, which every learner must run alike.
+    """
+    if strategy != "fsdp":
+        return load_model(path, learners.device, trainable=False)
+    model = load_model(path, torch.device("cpu"), trainable=False, dtype=compute_dtype(learners.device))
+    return distributed.wrap_model(model, learners, strategy, activation_checkpointing=False)
+
+
+def build_optimizer(model, lr: float, weight_decay: float, betas: tuple[float, float] = (0.9, 0.999)):
+    """AdamW over the trainable parameters, with weight decay on matrices only (decaying biases and
+    norm gains hurts)."""
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    groups = [{"params": [p for p in trainable if p.ndim >= 2], "weight_decay": weight_decay},
+              {"params": [p for p in trainable if p.ndim < 2], "weight_decay": 0.0}]
+    return torch.optim.AdamW(groups, lr=lr, betas=betas)
 
 
 def _tied_weight_names(model) -> list[str]:

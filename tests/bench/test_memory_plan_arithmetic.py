@@ -76,3 +76,24 @@ def test_plans_side_by_side_in_gib():
     assert lines[2] == "| params | 0.00 | 0.00 |"
     assert lines[-2].startswith("| **total** |") and lines[-1] == "| share of 80 GiB | 0 % | 0 % |"
     assert len(lines) == 2 + len(one) + 1
+
+
+def test_reference_model_sharded_or_replicated():
+    base = memory_plan(LLAMA_3_1_8B, world_size=8, micro_batch=1, seq_len=4096)
+    sharded = memory_plan(LLAMA_3_1_8B, world_size=8, micro_batch=1, seq_len=4096, reference="sharded")
+    replicated = memory_plan(LLAMA_3_1_8B, world_size=8, micro_batch=1, seq_len=4096, reference="replicated")
+    assert "reference" not in base
+    assert replicated["reference"] == 16_060_522_496  # 8_030_261_248 bf16 weights on every GPU
+    # an eighth of them, and the root unit (2 x 128256 x 4096 + 4096 params) gathered in bf16
+    assert sharded["reference"] == 2_007_565_312 + 2_101_354_496
+    for plan in (sharded, replicated):
+        assert plan["total"] == base["total"] + plan["reference"]
+        assert {name: value for name, value in plan.items() if name not in ("reference", "total")} == \
+            {name: value for name, value in base.items() if name != "total"}
+    assert round(sharded["total"] / GIB, 2) == 40.50 and round(replicated["total"] / GIB, 2) == 51.63
+    # sharding pays off as GPUs are added; a whole copy does not shrink
+    on_two = memory_plan(TOY, world_size=2, micro_batch=1, seq_len=16, reference="sharded")["reference"]
+    on_four = memory_plan(TOY, world_size=4, micro_batch=1, seq_len=16, reference="sharded")["reference"]
+    assert (on_two, on_four) == (TOY.total_params() * 2 // 2 + 44 * 2, TOY.total_params() * 2 // 4 + 44 * 2)
+    with pytest.raises(ValueError, match="reference must be"):
+        memory_plan(TOY, world_size=1, micro_batch=1, seq_len=16, reference="frozen")

@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from container_env import container_env
 
 SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
 TORCHRUN = str(Path(sys.executable).parent / "torchrun")
@@ -30,27 +31,6 @@ def run(command: list[str], env: dict[str, str], timeout: int = 240) -> subproce
         process.communicate()
         raise
     return subprocess.CompletedProcess(command, process.returncode, output, "")
-
-
-def container_env(root: Path, channels: dict[str, Path], hyperparameters: dict) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("SM_", "SAGEMAKER_"))}
-    env.update({
-        "SAGEMAKER_BASE_DIR": str(root),
-        "SM_MODEL_DIR": str(root / "model"),
-        "SM_OUTPUT_DATA_DIR": str(root / "output" / "data"),
-        "SM_OUTPUT_DIR": str(root / "output"),
-        "SM_HOSTS": json.dumps(["algo-1"]),
-        "SM_CURRENT_HOST": "algo-1",
-        "SM_NUM_GPUS": "0",
-        "SM_CURRENT_INSTANCE_TYPE": "local",
-        "SM_HPS": json.dumps(hyperparameters),
-        "OMP_NUM_THREADS": "1",
-        "PYTHONUNBUFFERED": "1",
-        "PATH": f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}",
-    })
-    for name, folder in channels.items():
-        env[f"SM_CHANNEL_{name.upper()}"] = str(folder)
-    return env
 
 
 HYPERPARAMETERS = {"max_steps": 2, "prompts_per_step": 2, "num_generations": 2, "micro_batch_size": 2,

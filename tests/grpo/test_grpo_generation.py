@@ -3,7 +3,8 @@ gives alone, so left padding changes nothing the loss sees."""
 
 import grpo
 import torch
-from common import distributed
+from common import distributed, generation
+from common.data import pad_rows
 
 
 def load(tiny_model_path):
@@ -14,8 +15,8 @@ def load(tiny_model_path):
 
 def test_batched_greedy_generation_equals_one_prompt_at_a_time(tiny_model_path):
     model, tokenizer = load(tiny_model_path)
-    generator = grpo.HFGenerator(model, tokenizer, max_new_tokens=6, temperature=1.0,
-                                 learners=distributed.single_learner("cpu"))
+    generator = generation.HFGenerator(model, tokenizer, max_new_tokens=6, temperature=1.0,
+                                       learners=distributed.single_learner("cpu"))
     prompts = [tokenizer(text)["input_ids"] for text in ("Natalia sold", "How many apples does Weng have left", "7")]
     batched_ids, batched_texts = generator.generate(prompts, num_generations=2, greedy=True)
     assert len(batched_ids) == 6
@@ -28,8 +29,8 @@ def test_batched_greedy_generation_equals_one_prompt_at_a_time(tiny_model_path):
 
 def test_sampling_stops_at_the_stop_token_and_keeps_it(tiny_model_path):
     model, tokenizer = load(tiny_model_path)
-    generator = grpo.HFGenerator(model, tokenizer, max_new_tokens=12, temperature=1.0,
-                                 learners=distributed.single_learner("cpu"))
+    generator = generation.HFGenerator(model, tokenizer, max_new_tokens=12, temperature=1.0,
+                                       learners=distributed.single_learner("cpu"))
     prompt = tokenizer("Pick")["input_ids"]
     # The untrained model samples almost uniformly; with every third token a stop token, samples stop
     # after a few tokens, at different lengths.
@@ -48,8 +49,8 @@ def test_logprobs_of_left_padded_prompts_equal_unpadded(tiny_model_path):
     model, _ = load(tiny_model_path)
     prompts = [[5, 6, 7, 8, 9], [11, 12]]
     completions = [[20, 21, 22], [30]]
-    prompt_ids, prompt_mask = grpo.pad_rows(prompts, 0, left=True, device="cpu")
-    completion_ids, completion_mask = grpo.pad_rows(completions, 0, left=False, device="cpu")
+    prompt_ids, prompt_mask = pad_rows(prompts, 0, left=True, device="cpu")
+    completion_ids, completion_mask = pad_rows(completions, 0, left=False, device="cpu")
     assert prompt_mask.tolist() == [[1, 1, 1, 1, 1], [0, 0, 0, 1, 1]]
     assert completion_mask.tolist() == [[1, 1, 1], [1, 0, 0]]
     with torch.no_grad():

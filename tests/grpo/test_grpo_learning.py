@@ -12,7 +12,7 @@ import random
 import grpo
 import pytest
 import torch
-from common import data, distributed
+from common import data, distributed, generation
 
 
 class PickSevenEnvironment:
@@ -52,7 +52,7 @@ def warm_up_sft(model_path, out_dir, examples, env, steps, seed=0):
     model = AutoModelForCausalLM.from_pretrained(model_path)
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
     rng = random.Random(seed)
-    prompts = [grpo.prompt_token_ids(env, tokenizer, example) for example in examples]
+    prompts = [generation.prompt_token_ids(tokenizer, env.prompt_messages(example)) for example in examples]
     for _ in range(steps):
         rows, labels = [], []
         for prompt in rng.choices(prompts, k=32):

@@ -5,7 +5,6 @@ and two processes under torchrun (gloo) train together."""
 
 import json
 import math
-import os
 import re
 import shutil
 import signal
@@ -15,6 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from container_env import container_env
 from safetensors.torch import load_file
 
 SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
@@ -23,17 +23,6 @@ METRIC = r"\b{}=(-?[0-9.]+(?:[eE][-+]?[0-9]+)?)"  # the notebooks' metric_defini
 GRPO_OPTIONS = ["--max_steps", "6", "--prompts_per_step", "2", "--num_generations", "4", "--micro_batch_size", "4",
                 "--max_new_tokens", "12", "--learning_rate", "1e-3", "--beta", "0.04", "--num_iterations", "2",
                 "--checkpoint_every", "2", "--seed", "3"]
-
-
-def job_env(root: Path, train: Path | None = None, test: Path | None = None, model: Path | None = None) -> dict:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SM_")}
-    env.update(SM_MODEL_DIR=str(root / "model"), SM_OUTPUT_DATA_DIR=str(root / "output" / "data"),
-               SM_OUTPUT_DIR=str(root / "output"), OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", PYTHONUNBUFFERED="1",
-               PATH=f"{Path(PYTHON).parent}{os.pathsep}{os.environ.get('PATH', '')}")
-    for name, folder in (("TRAIN", train), ("TEST", test), ("MODEL", model)):
-        if folder is not None:
-            env[f"SM_CHANNEL_{name}"] = str(folder)
-    return env
 
 
 def grpo_command(model_path, root, *extra):
@@ -68,7 +57,7 @@ def digit_task(tiny_model_path, tmp_path_factory):
     """GSM8K-format rows "Pick a digit." / "#### 7" and the tiny model after a few seconds of SFT to
     answer any question with one random digit: rewards are then mixed within groups, the policy
     moves, and the resume tests compare runs that actually train."""
-    import grpo
+    from common import generation
     from environments.gsm8k import GSM8KEnvironment
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -79,7 +68,7 @@ def digit_task(tiny_model_path, tmp_path_factory):
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_pretrained(tiny_model_path)
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
-    prompt = grpo.prompt_token_ids(GSM8KEnvironment(), tokenizer, {"question": "Pick a digit."})
+    prompt = generation.prompt_token_ids(tokenizer, GSM8KEnvironment().prompt_messages({"question": "Pick a digit."}))
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     for step in range(30):
@@ -101,7 +90,7 @@ def reference_run(digit_task, tmp_path_factory):
     """One uninterrupted run on the digit task, the yardstick of the resume tests."""
     model_path, train = digit_task
     root = tmp_path_factory.mktemp("grpo-reference")
-    code, output = run(grpo_command(model_path, root), job_env(root, train=train))
+    code, output = run(grpo_command(model_path, root), container_env(root, {"train": train}))
     assert code == 0, output
     # the run trained: some groups had mixed rewards and the weights moved
     assert any(r["frac_reward_zero_std"] < 1 for r in read_metrics(root)), output
@@ -113,7 +102,7 @@ def reference_run(digit_task, tmp_path_factory):
 def test_grpo_end_to_end(tiny_model_path, offline_data, tmp_path):
     root = tmp_path
     code, output = run(grpo_command(tiny_model_path, root, "--max_steps", "4"),
-                       job_env(root, train=offline_data["gsm8k"]))
+                       container_env(root, {"train": offline_data["gsm8k"]}))
     assert code == 0, output
     lines = metric_lines(output)
     assert [line.split()[0] for line in lines] == ["step=1", "step=2", "step=3", "step=4"]
@@ -146,7 +135,7 @@ def assert_same_as_reference(root: Path, reference_root: Path):
 
 def test_resume_after_sigkill_matches_uninterrupted(reference_run, digit_task, tmp_path):
     model_path, train = digit_task
-    env = job_env(tmp_path, train=train)
+    env = container_env(tmp_path, {"train": train})
     process = subprocess.Popen(grpo_command(model_path, tmp_path), cwd=SCRIPTS, env=env,
                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     output = []
@@ -168,7 +157,7 @@ def test_resume_after_sigkill_matches_uninterrupted(reference_run, digit_task, t
 
 def test_resume_after_sigterm_matches_uninterrupted(reference_run, digit_task, tmp_path):
     model_path, train = digit_task
-    env = job_env(tmp_path, train=train)
+    env = container_env(tmp_path, {"train": train})
     process = subprocess.Popen(grpo_command(model_path, tmp_path), cwd=SCRIPTS, env=env,
                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     output = []
@@ -196,7 +185,7 @@ def test_two_learners_under_torchrun(tiny_model_path, offline_data, tmp_path, st
                "--prompts_per_step", "2", "--num_generations", "4", "--micro_batch_size", "2",
                "--max_new_tokens", "8", "--learning_rate", "1e-3", "--checkpoint_every", "1", "--strategy", strategy,
                "--beta", "0.04", "--num_iterations", "2"]
-    code, output = run(command, job_env(tmp_path, train=offline_data["gsm8k"]))
+    code, output = run(command, container_env(tmp_path, {"train": offline_data["gsm8k"]}))
     assert code == 0, output
     assert [line.split()[0] for line in metric_lines(output)] == ["step=1", "step=2"]  # rank 0 only
     assert "backend gloo" in output
@@ -209,7 +198,7 @@ def test_bad_data_row_fails_with_reason(tiny_model_path, tmp_path):
     train.mkdir()
     (train / "train.jsonl").write_text('{"question": "What is 1 + 1?", "answer": "1 + 1 = 2\\n#### 2"}\n'
                                        '{"question": "What is 2 + 2?", "answer": "4"}\n')
-    code, output = run(grpo_command(tiny_model_path, tmp_path), job_env(tmp_path, train=train))
+    code, output = run(grpo_command(tiny_model_path, tmp_path), container_env(tmp_path, {"train": train}))
     assert code != 0
     reason = (tmp_path / "output" / "failure").read_text()
     assert "train.jsonl, line 2" in reason and "####" in reason, reason
@@ -250,7 +239,7 @@ def test_evaluate_end_to_end(tiny_model_path, offline_data, tmp_path):
     with tarfile.open(channel / "model.tar.gz", "w:gz") as archive:
         for file in Path(tiny_model_path).iterdir():
             archive.add(file, arcname=file.name)
-    env = job_env(tmp_path, test=offline_data["gsm8k"], model=channel)
+    env = container_env(tmp_path, {"test": offline_data["gsm8k"], "model": channel})
     env["TMPDIR"] = str(tmp_path / "tmp")
     (tmp_path / "tmp").mkdir()
     code, output = run([PYTHON, "evaluate.py", "--model_name_or_path", "Qwen/does-not-exist", "--environment", "gsm8k",
@@ -283,7 +272,7 @@ def test_evaluate_refuses_an_unknown_environment():
 
 
 def test_evaluate_code_environment_judges_in_the_sandbox(tiny_model_path, offline_data, tmp_path):
-    env = job_env(tmp_path, test=offline_data["code"])
+    env = container_env(tmp_path, {"test": offline_data["code"]})
     code, output = run([PYTHON, "evaluate.py", "--model_name_or_path", str(tiny_model_path), "--environment", "code",
                         "--max_new_tokens", "8", "--max_examples", "2"], env)
     assert code == 0, output

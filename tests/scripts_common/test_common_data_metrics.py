@@ -107,7 +107,8 @@ def test_metric_lines_match_the_notebook_regexes(tmp_path, capsys):
     logger = MetricLogger(path, main, max_steps=4)
     MetricLogger(path, other, max_steps=4).log(1, {"loss": 9.0})  # rank 1 stays silent
     for step in (1, 2, 3):
-        logger.log(step, {"loss": 1.0 / step}, tokens=100)
+        logger.add_tokens(100)
+        logger.log(step, {"loss": 1.0 / step})
     out = capsys.readouterr().out
     assert out.count("step=1 ") == 1 and "progress: step 3/4 (75%)" in out and "tokens/s" in out
     # Resuming from step 2 drops step 3, which the resumed run logs again.

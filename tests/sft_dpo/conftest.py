@@ -12,31 +12,12 @@ import time
 from pathlib import Path
 
 import pytest
+from container_env import container_env as build_container_env
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPTS = REPO / "scripts"
 if str(SCRIPTS) not in sys.path:
     sys.path.insert(0, str(SCRIPTS))
-
-
-def _container_env(root: Path, channels: dict[str, Path]) -> dict[str, str]:
-    """The environment the toolkit gives a script, with /opt/ml relocated under ``root``."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("SM_", "SAGEMAKER_"))}
-    env.update({
-        "SAGEMAKER_BASE_DIR": str(root),
-        "SM_MODEL_DIR": str(root / "model"),
-        "SM_OUTPUT_DATA_DIR": str(root / "output" / "data"),
-        "SM_OUTPUT_DIR": str(root / "output"),
-        "SM_HOSTS": json.dumps(["algo-1"]),
-        "SM_CURRENT_HOST": "algo-1",
-        "SM_NUM_GPUS": "0",
-        "SM_CURRENT_INSTANCE_TYPE": "local",
-        "OMP_NUM_THREADS": "1",  # the same thread count in every run: identical float sums
-        "PYTHONUNBUFFERED": "1",
-    })
-    for name, folder in channels.items():
-        env[f"SM_CHANNEL_{name.upper()}"] = str(folder)
-    return env
 
 
 def _read_metrics(root: Path) -> list[dict]:
@@ -47,7 +28,7 @@ def _read_metrics(root: Path) -> list[dict]:
 @pytest.fixture
 def container_env():
     """container_env(root, {"train": folder}) -> env dict with /opt/ml relocated under root."""
-    return _container_env
+    return build_container_env
 
 
 @pytest.fixture
@@ -92,7 +73,7 @@ def enter_container(monkeypatch):
         for key in list(os.environ):
             if key.startswith(("SM_", "SAGEMAKER_")):
                 monkeypatch.delenv(key)
-        for key, value in _container_env(root, channels).items():
+        for key, value in build_container_env(root, channels).items():
             if key.startswith(("SM_", "SAGEMAKER_")):
                 monkeypatch.setenv(key, value)
 

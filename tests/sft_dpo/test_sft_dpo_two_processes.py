@@ -67,3 +67,25 @@ def test_fsdp_two_processes_survive_sigterm_and_match_one(tmp_path, offline_data
     assert f"resumed from {tmp_path / 'two' / 'checkpoints' / saved[0]}" in result.stdout
     _compare(read_metrics(tmp_path / "one"), read_metrics(tmp_path / "two"), steps=6)
     _compare_weights(tmp_path / "one" / "model", tmp_path / "two" / "model")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("precompute", ["false", "true"])
+def test_dpo_with_a_sharded_reference_matches_one_process(precompute, tmp_path, offline_data, tiny_args,
+                                                          run_in_process, run_script, container_env, read_metrics):
+    """Under --strategy fsdp the reference model is sharded like the policy; its forwards are then
+    collectives, also where the learners' shares of the pairs differ (5 test pairs on 2 learners: 2 batches of 2 and 1)."""
+    preferences = tmp_path / "preferences"
+    preferences.mkdir()
+    (preferences / "train.jsonl").write_text((offline_data["preferences"] / "train.jsonl").read_text())
+    test_rows = (offline_data["preferences"] / "test.jsonl").read_text().splitlines()[:5]
+    (preferences / "test.jsonl").write_text("\n".join(test_rows) + "\n")
+    channels = {"train": preferences, "test": preferences}
+    args = [*tiny_args, "--batch_size", "8", "--max_steps", "3", "--checkpoint_every", "0",
+            "--precompute_ref_log_probs", precompute]
+    run_in_process("dpo", args, tmp_path / "one", channels)
+
+    result = run_script("dpo.py", [*args, "--strategy", "fsdp"], container_env(tmp_path / "two", channels), nproc=2)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    _compare(read_metrics(tmp_path / "one"), read_metrics(tmp_path / "two"), steps=3)
+    _compare_weights(tmp_path / "one" / "model", tmp_path / "two" / "model")

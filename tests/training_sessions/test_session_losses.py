@@ -12,6 +12,7 @@ import random
 import grpo
 import pytest
 import torch
+from common.data import pad_rows
 
 from helpers.local_mode.sessions import engine as engine_module
 
@@ -161,8 +162,8 @@ def test_session_gradient_equals_grpo_script_gradient(session_engine, loss_fn, e
 
     # grpo.py's side: prompts padded left, completions right, its log-probs and loss.
     script_model = copy.deepcopy(engine.model)
-    prompt_ids, prompt_mask = grpo.pad_rows(prompts, 0, left=True, device="cpu")
-    completion_ids, completion_mask = grpo.pad_rows(completions, 0, left=False, device="cpu")
+    prompt_ids, prompt_mask = pad_rows(prompts, 0, left=True, device="cpu")
+    completion_ids, completion_mask = pad_rows(completions, 0, left=False, device="cpu")
     input_ids = torch.cat([prompt_ids, completion_ids], dim=1)
     attention_mask = torch.cat([prompt_mask, completion_mask], dim=1)
     mask = completion_mask.float()

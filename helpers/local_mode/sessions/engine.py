@@ -29,9 +29,9 @@ import torch
 
 REPO = Path(__file__).resolve().parents[3]
 if str(REPO / "scripts") not in sys.path:
-    sys.path.insert(0, str(REPO / "scripts"))  # grpo.py's padding helper, imported rather than copied
+    sys.path.insert(0, str(REPO / "scripts"))  # the scripts' padding helper, imported rather than copied
 
-from grpo import pad_rows  # noqa: E402
+from common.data import pad_rows  # noqa: E402
 
 LOSS_INPUTS = {
     "cross_entropy": ("target_tokens", "weights"),
