@@ -115,3 +115,31 @@ def test_metric_lines_match_the_notebook_regexes(tmp_path, capsys):
     MetricLogger(path, main, max_steps=4, resume_step=2).log(3, {"loss": 0.25})
     records = [json.loads(line) for line in path.read_text().splitlines()]
     assert [(r["step"], r["loss"]) for r in records] == [(1, 1.0), (2, 0.5), (3, 0.25)]
+
+
+def test_reduce_sums_keeps_names_over_two_learners(tmp_path):
+    """One all-reduce of named sums: each name gets its own total, whatever order each learner built
+    its dict in (learner 1 builds it backwards)."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = tmp_path / "reduce_sums.py"
+    script.write_text(
+        "import torch\n"
+        "from common import distributed\n"
+        "with distributed.started() as learners:\n"
+        "    sums = {'tokens': 10.0 * (learners.rank + 1), 'reward': torch.tensor(0.5), 'groups': 1}\n"
+        "    if learners.rank == 1:\n"
+        "        sums = dict(reversed(sums.items()))\n"
+        "    totals = distributed.reduce_sums(sums, learners)\n"
+        "    print(f'rank {learners.rank}', list(totals), sorted(totals.items()))\n")
+    torchrun = str(Path(sys.executable).parent / "torchrun")
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2] / "scripts"), "OMP_NUM_THREADS": "1"}
+    result = subprocess.run([torchrun, "--standalone", "--nproc_per_node", "2", str(script)], env=env,
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    expected = "[('groups', 2.0), ('reward', 1.0), ('tokens', 30.0)]"
+    assert f"rank 0 ['tokens', 'reward', 'groups'] {expected}" in result.stdout
+    assert f"rank 1 ['groups', 'reward', 'tokens'] {expected}" in result.stdout  # its own order back
