@@ -1,7 +1,7 @@
 """What the training-session loops share: connecting, datum construction, advantages, the session's
 lifetime, billing and metric lines.
 
-The loops (``sft.py``, ``grpo.py``) run in the notebook's process and drive a SageMaker
+The loops (``sft.py``, ``grpo.py``, ``code_rl.py``) run in the notebook's process and drive a SageMaker
 training session with the SDK v3 clients (``sagemaker.train.training_session``); the service keeps the
 model on its GPUs, the loop decides every step. Losses on the service are **sums** over tokens and
 datums: the loop owns normalisation (here: divide by the step's target tokens).
@@ -64,12 +64,13 @@ def start_local_endpoint(root: str | os.PathLike | None = None) -> dict[str, str
 LOCAL_ROLE = "arn:aws:iam::123456789012:role/SageMakerRole"
 
 
-def local_warm_start_model() -> str:
-    """Local mode: the tiny model tuned to answer '#### n', registered with the local endpoint (built
-    once per machine by ``local_warm_start.py`` in the main environment, which has torch)."""
+def local_warm_start_model(task: str = "gsm8k") -> str:
+    """Local mode: the tiny model tuned to answer in the task's format ('#### n' for "gsm8k", a fenced
+    program for "code"), registered with the local endpoint (built once per machine by
+    ``local_warm_start.py`` in the main environment, which has torch)."""
     python = os.environ.get("MAIN_ENV_PYTHON") or str(REPO / ".venv" / "bin" / "python")
-    done = subprocess.run([python, "-m", "session_loops.local_warm_start"], cwd=REPO, capture_output=True,
-                          text=True, timeout=900)
+    done = subprocess.run([python, "-m", "session_loops.local_warm_start", "--task", task], cwd=REPO,
+                          capture_output=True, text=True, timeout=900)
     if done.returncode != 0:
         raise RuntimeError(f"Building the local warm-start model failed:\n{done.stderr[-2000:]}")
     return json.loads(done.stdout.strip().splitlines()[-1])["base_model"]
