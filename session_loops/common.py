@@ -163,6 +163,16 @@ def open_session(service, base_model: str, rank: int, alpha: int, **options):
     return client
 
 
+def stop_at_exit(sagemaker_client, training_session_name: str) -> None:
+    """The raw API's ``open_session``: stop the session when the kernel exits, in case the last cell
+    does not run (a cell failed). Stopping a session already stopped or deleted is a no-op here."""
+    def stop():
+        with contextlib.suppress(Exception):
+            sagemaker_client.stop_training_session(TrainingSessionName=training_session_name)
+
+    atexit.register(stop)
+
+
 def close_session(client) -> None:
     with contextlib.suppress(Exception):  # already stopped, or the service is gone: nothing left to free
         client.stop()
@@ -176,14 +186,18 @@ def base_model_arn(sagemaker_client, base_model: str) -> str:
     keyword = f"@huggingface-id:{base_model.lower()}"
     request = {"HubName": "SageMakerPublicHub", "HubContentType": "Model"}
     while True:
-        page = sagemaker_client.list_hub_contents(**request)
+        try:
+            page = sagemaker_client.list_hub_contents(**request)
+        except Exception as error:  # the first call that reaches SageMaker: make its failure teach
+            raise explain(error) from error
         for summary in page["HubContentSummaries"]:
             if keyword in summary.get("HubContentSearchKeywords", []):
                 return summary["HubContentArn"]
         if not page.get("NextToken"):
             break
         request["NextToken"] = page["NextToken"]
-    raise ValueError(f"No public hub model has the id {base_model!r} in this Region.")
+    raise ValueError(f"No public hub model has the id {base_model!r} in this Region. Set base_model to one that "
+                     "training sessions serve here (ServiceClient(...).list_base_models() lists them).")
 
 
 def wait_for_operation(runtime_client, session_name: str, operation_id: str, timeout: float = 600) -> dict:

@@ -24,7 +24,7 @@ SESSION_NOTEBOOKS = sorted(p for p in (REPO / "notebooks").glob("[0-9][0-9]_*.ip
 
 def test_the_session_notebooks_are_there():
     assert [p.name for p in SESSION_NOTEBOOKS] == ["07_session_sft.ipynb", "08_session_grpo.ipynb",
-                                                   "10_session_raw_api.ipynb"]
+                                                   "09_session_code_rl.ipynb", "10_session_raw_api.ipynb"]
 
 
 @pytest.mark.parametrize("path", SESSION_NOTEBOOKS, ids=lambda p: p.name)
@@ -81,6 +81,21 @@ def test_session_grpo_raises_the_reward(notebook_run):
     assert record["final_metrics"]["clip_fraction"] == 0  # on-policy (overlap=False): every ratio is 1
     assert record["billable_tokens"]["sample"] > 0 and record["billable_tokens"]["training"] > 0
     assert "## Training sessions" in (notebook_run.out / "summary.md").read_text()
+
+
+def test_session_code_rl_writes_programs_more_often_and_judges_while_sampling(notebook_run):
+    record = _record(notebook_run, "09")
+    assert record["status"] == "Stopped"
+    assert record["steps"] == session_notebooks.CI_PARAMETERS["09"]["steps"]
+    no_code = record["no_code_rate"]
+    # MEASURED_09
+    assert no_code["last_quarter"] < no_code["first_quarter"] - 0.1, no_code
+    final = record["final_metrics"]
+    assert {"accepted_rate", "wrong_answer_rate", "runtime_error_rate", "pass_rate", "judge_time"} <= set(final)
+    assert final["judge_time"] > 0  # the sandbox pool judged the last step's programs
+    assert record["billable_tokens"]["sample"] > 0 and record["billable_tokens"]["training"] > 0
+    summary = (notebook_run.out / "summary.md").read_text()
+    assert "09_session_code_rl" in summary and "completions without a program" in summary
 
 
 def test_raw_api_notebook_steps_with_sequence_numbers_and_deletes_its_session(notebook_run):
