@@ -179,7 +179,60 @@ def close_session(client) -> None:
         print(f"Stopped training session {client.training_session_name}.")
 
 
+def adam_params(learning_rate: float):
+    """The optimizer step every loop sends: AdamW without weight decay, gradients clipped to norm 1."""
+    from sagemaker.train.training_session import AdamParams
+
+    return AdamParams(learning_rate=learning_rate, weight_decay=0.0, grad_clip_norm=1.0)
+
+
+# --------------------------------------------------------------------------- the requests, before launch
+
+def sdk_requests(base_model: str, rank: int, alpha: int, role: str | None, learning_rate: float,
+                 forward_backward: dict | None = None) -> dict:
+    """The CreateTrainingSession request ``create_lora_training_client`` sends and the optimizer step's
+    ExecuteTrainingOperation, built with the SDK's own code before anything is launched. What only
+    SageMaker knows yet (the session name the SDK draws, the hub's ARN, the account's bucket and default
+    model package group) is shown in <angle brackets>."""
+    from sagemaker.train.training_session._utils import build_lora_config
+    from sagemaker.train.training_session.service_client import (
+        DEFAULT_MODEL_PACKAGE_GROUP_NAME,
+        DEFAULT_SESSION_NAME_PREFIX,
+        _build_create_session_args,
+    )
+
+    name = f"{DEFAULT_SESSION_NAME_PREFIX}-<8 hex digits>"
+    create = _build_create_session_args(
+        session_name=name, base_model_arn=f"<public hub ARN of {base_model}>",
+        model_package_group_arn=f"<ARN of model package group {DEFAULT_MODEL_PACKAGE_GROUP_NAME}>",
+        lora_config=build_lora_config(rank, alpha), role_arn=role or "<role>",
+        s3_path=f"s3://<default bucket>/{name}/output", kms_key_arn=None, vpc_config=None)
+    operations = {"optimizerStep": {"adamParamsConfig": adam_params(learning_rate)._to_api()}}
+    return {"CreateTrainingSession": create, "ExecuteTrainingOperation": operations,
+            **({"forwardBackward (without its datums)": forward_backward} if forward_backward else {})}
+
+
+def print_requests(requests: dict) -> None:
+    """One request a block, keys sorted: the output the notebooks keep in git and nbval checks."""
+    for operation, request in requests.items():
+        print(operation)
+        print(json.dumps(request, indent=1, sort_keys=True, default=str))
+
+
 # --------------------------------------------------------------------------- the raw API (boto3)
+
+def create_session_request(session_name: str, base_model_arn: str, rank: int, alpha: int, role: str,
+                           output_path: str) -> dict:
+    """CreateTrainingSession's request as notebook 10 writes it: no model package group (SageMaker uses
+    the account's default), checkpoints under ``<output_path>/training-sessions/<session>``."""
+    return {
+        "TrainingSessionName": session_name,
+        "LoraConfig": {"Rank": rank, "Alpha": alpha},
+        "RoleArn": role,
+        "ModelConfig": {"BaseModelArn": base_model_arn, "AcceptEula": True},
+        "OutputConfig": {"S3Location": {"Path": f"{output_path}/training-sessions/{session_name}"}},
+    }
+
 
 def base_model_arn(sagemaker_client, base_model: str) -> str:
     """The public hub's ARN for a model id (``provider/model``), as CreateTrainingSession wants it."""

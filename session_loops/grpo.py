@@ -82,12 +82,12 @@ def train(training_client, tokenizer, env, problems: list[dict], steps: int, pro
           stop: list[str] | None = None, seed: int = 0, history: list[dict] | None = None) -> list[dict]:
     """``steps`` GRPO steps with the environment ``env`` (GSM8K's checker, the code judge...); returns one
     metric record a step, with the environment's own ``step_metrics()`` (verdict shares) when it has them."""
-    from sagemaker.train.training_session import AdamParams, SamplingParams
+    from sagemaker.train.training_session import SamplingParams
 
     if loss_fn not in ("importance_sampling", "ppo"):
         raise ValueError(f"loss_fn must be 'importance_sampling' or 'ppo', got {loss_fn!r}.")
     rng = random.Random(seed)
-    adam = AdamParams(learning_rate=learning_rate, weight_decay=0.0, grad_clip_norm=1.0)
+    adam = common.adam_params(learning_rate)
     config = PPO_CLIP if loss_fn == "ppo" else None
     history = [] if history is None else history
 

@@ -8,6 +8,7 @@ the records each notebook left in ``<work_dir>/training_sessions.json``.
 from __future__ import annotations
 
 import ast
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -16,7 +17,7 @@ import nbformat
 import pytest
 
 from helpers import run_notebooks, session_notebooks
-from helpers.notebook_hygiene import problems
+from helpers.notebook_hygiene import cut_notebooks, kernel_environment, problems
 
 REPO = Path(__file__).resolve().parents[2]
 SESSION_NOTEBOOKS = sorted(p for p in (REPO / "notebooks").glob("[0-9][0-9]_*.ipynb") if p.name >= "07")
@@ -49,6 +50,74 @@ def test_session_parameters_default_to_the_cloud(path):
     assert values["base_model"] == "openai/gpt-oss-20b"  # served by training sessions (SDK's Region table)
     passed = set(run_notebooks.ci_parameters(path, Path("/tmp/w")))
     assert passed <= set(values), f"papermill would pass unknown {sorted(passed - set(values))}"
+
+
+# The cloud configuration each notebook's parameters promise: LoRA, learning rate, loss.
+CLOUD = {
+    "07": {"rank": 32, "alpha": 64, "learning_rate": 1e-4, "loss_fn": "cross_entropy"},
+    "08": {"rank": 32, "alpha": 64, "learning_rate": 4e-5, "loss_fn": "importance_sampling"},
+    "09": {"rank": 32, "alpha": 64, "learning_rate": 4e-5, "loss_fn": "importance_sampling"},
+    "10": {"rank": 32, "alpha": 64, "learning_rate": 1e-4, "loss_fn": None},
+}
+
+
+@pytest.fixture(scope="module")
+def cloud_requests(tmp_path_factory) -> dict:
+    """Each session notebook cut after its ``# NBVAL_CHECK_OUTPUT`` cell, run under nbval in the SDK v3
+    kernel with its cloud parameters (only ``run_mode="local"`` and ``work_dir`` set; nothing before that
+    cell reaches a service); an appended cell saves the requests the checked cell printed."""
+    tmp_path = tmp_path_factory.mktemp("session-requests")
+    dumps = tmp_path / "requests"
+    dumps.mkdir()
+
+    def save_requests(name: str) -> str:
+        return (f"import json, pathlib\npathlib.Path({str(dumps / (name[:2] + '.json'))!r})"
+                ".write_text(json.dumps(requests, default=str))")
+
+    notebooks = cut_notebooks(tmp_path, tmp_path / "work", save_requests, kernel="sagemaker-training-sessions")
+    (tmp_path / "pytest.ini").write_text("[pytest]\n")
+    result = subprocess.run(
+        [sys.executable, "-m", "pytest", "--nbval-lax", "--nbval-kernel-name", "sagemaker-training-sessions",
+         "-p", "no:cacheprovider", "--nbval-sanitize-with", str(REPO / "tests" / "notebooks" / "nbval_sanitize.cfg"),
+         "-c", str(tmp_path / "pytest.ini"), "--rootdir", str(tmp_path), "-q", *map(str, notebooks)],
+        capture_output=True, text=True, cwd=tmp_path, env=kernel_environment(tmp_path / "sagemaker-local"),
+        timeout=300)
+    return {"nbval": result, "count": len(notebooks),
+            "requests": {p.stem: json.loads(p.read_text()) for p in dumps.glob("*.json")}}
+
+
+def test_session_request_cells_match_their_stored_outputs(cloud_requests):
+    result = cloud_requests["nbval"]
+    assert cloud_requests["count"] == len(SESSION_NOTEBOOKS)
+    assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-2000:]
+
+
+@pytest.mark.parametrize("prefix", sorted(CLOUD))
+def test_session_requests_are_the_cloud_configuration_and_valid(cloud_requests, prefix):
+    import botocore.session
+    from botocore.validate import validate_parameters
+
+    expected, requests = CLOUD[prefix], cloud_requests["requests"].get(prefix)
+    assert requests is not None, f"notebook {prefix} saved no requests: {cloud_requests['nbval'].stdout[-3000:]}"
+    create, operation = requests["CreateTrainingSession"], requests["ExecuteTrainingOperation"]
+    assert create["LoraConfig"] == {"Rank": expected["rank"], "Alpha": expected["alpha"]}
+    assert "openai/gpt-oss-20b" in create["ModelConfig"]["BaseModelArn"]
+    assert create["TrainingSessionName"] in create["OutputConfig"]["S3Location"]["Path"]
+    adam = operation["optimizerStep"]["adamParamsConfig"]
+    assert adam["learningRate"] == expected["learning_rate"] and adam["gradClipNorm"] == 1.0
+    assert adam["weightDecay"] == 0.0
+    if expected["loss_fn"]:
+        assert requests["forwardBackward (without its datums)"]["lossFnName"] == expected["loss_fn"]
+    # botocore accepts both (types, required members, minima), as it would before sending them; the role is
+    # the reader's to set (None in the parameters, "<role>" in the preview).
+    assert create["RoleArn"] == "<role>"
+    session = botocore.session.get_session()
+    validate_parameters({**create, "RoleArn": "arn:aws:iam::123456789012:role/SageMakerRole"}, session.get_service_model("sagemaker").operation_model("CreateTrainingSession")
+                        .input_shape)
+    runtime = session.get_service_model("sagemakertrainingsessionruntime")
+    validate_parameters({"trainingSessionName": create["TrainingSessionName"], "sequenceNumber": 2,
+                         "operationConfig": operation},
+                        runtime.operation_model("ExecuteTrainingOperation").input_shape)
 
 
 def _record(notebook_run, prefix: str) -> dict:
