@@ -45,12 +45,15 @@ def count_problems(n: int, seed: int = 0, largest: int = 5) -> list[dict]:
 
 
 def sample_groups(sampling_client, tokenizer, env, problems: list[dict], group_size: int, params) -> list:
-    """Send one sample request per problem (all in flight), return futures with their prompts."""
+    """Send one sample request per problem (all in flight), return futures with their prompts. Each request
+    gets its own seed (``params.seed`` + its index): with one seed for all, the i-th sample of every group
+    would draw the same random numbers, and groups of similar prompts would repeat one another."""
     requests = []
-    for problem in problems:
+    for index, problem in enumerate(problems):
         prompt = common.prompt_ids(tokenizer, env.prompt_messages(problem))
+        seeded = params if params.seed is None else params.model_copy(update={"seed": params.seed + index})
         requests.append((problem, prompt, sampling_client.sample(prompt, num_samples=group_size,
-                                                                 sampling_params=params)))
+                                                                 sampling_params=seeded)))
     return requests
 
 
@@ -93,7 +96,8 @@ def train(training_client, tokenizer, env, problems: list[dict], steps: int, pro
 
     def sample_batch(sampler, step):
         # 512 is the service's smallest maxTokens; an answer ends earlier at its end of turn or a stop sequence.
-        params = SamplingParams(max_tokens=512, temperature=temperature, seed=seed * 100_000 + step, stop=stop)
+        params = SamplingParams(max_tokens=512, temperature=temperature, seed=seed * 1_000_000 + step * 1_000,
+                                stop=stop)
         return sample_groups(sampler, tokenizer, env, rng.sample(problems, problems_per_step), group_size, params)
 
     sampler = training_client.save_weights_and_get_sampling_client()
