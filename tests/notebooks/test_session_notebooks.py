@@ -142,10 +142,12 @@ def test_session_sft_lowers_the_loss_and_is_billed(notebook_run):
 def test_session_grpo_raises_the_reward(notebook_run):
     record = _record(notebook_run, "08")
     assert record["status"] == "Stopped"
-    # Measured with the CI parameters (seeds 0, 1; lr 1e-3 to 2e-3): first third 0.26-0.32 -> last 0.34-0.41.
+    # Measured with the CI parameters (seeds 0, 1; lr 1e-3 to 2e-3): first third 0.26-0.32 -> last 0.34-0.41;
+    # with one sampling seed per request (seed 0): 0.295 -> 0.345.
     assert record["reward"]["last_third"] > record["reward"]["first_third"] + 0.04, record["reward"]
     # Held-out accuracy before and after is recorded (and shown in the summary) but not asserted: with
-    # the tiny model it does not reliably rise yet (measured 0.289 -> 0.258 / 0.281, 0.352 -> 0.391).
+    # the tiny model it does not reliably rise yet (measured 0.289 -> 0.258 / 0.281, 0.352 -> 0.391; one
+    # sampling seed per request: 0.422 -> 0.391).
     assert 0 <= record["held_out"]["before"] <= 1 and 0 <= record["held_out"]["after"] <= 1
     assert record["final_metrics"]["clip_fraction"] == 0  # on-policy (overlap=False): every ratio is 1
     assert record["billable_tokens"]["sample"] > 0 and record["billable_tokens"]["training"] > 0
@@ -157,7 +159,8 @@ def test_session_code_rl_writes_programs_more_often_and_judges_while_sampling(no
     assert record["status"] == "Stopped"
     assert record["steps"] == session_notebooks.CI_PARAMETERS["09"]["steps"]
     no_code = record["no_code_rate"]
-    # MEASURED_09
+    # Measured with the CI parameters (seed 0, one run on the loaded 2-core machine): 0.742 -> 0.609, reward
+    # 0.09 -> 0.20 per step; the programs still fail their tests (runtime errors), as in notebook 4.
     assert no_code["last_quarter"] < no_code["first_quarter"] - 0.1, no_code
     final = record["final_metrics"]
     assert {"accepted_rate", "wrong_answer_rate", "runtime_error_rate", "pass_rate", "judge_time"} <= set(final)
