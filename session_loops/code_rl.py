@@ -1,7 +1,7 @@
 """Code RL on a SageMaker training session: the GRPO loop of ``grpo.py`` with the code environment, whose
 judge runs the model's programs in the project's sandbox on this machine.
 
-    .venv-sessions/bin/python -m session_loops.code_rl --run-mode local --steps 12
+    .venv-sessions/bin/python -m session_loops.code_rl --run-mode local     # 16 steps, as notebook 09 in CI
     .venv-sessions/bin/python -m session_loops.code_rl --run-mode sagemaker --base-model Qwen/Qwen3-4B --role arn:...
 
 The training jobs' code RL (``scripts/code_rl.py``) has one process learn while the others judge. Here
@@ -15,6 +15,10 @@ Nothing else is new: the environment (``scripts/environments/code.py``: the prog
 last fenced block, the reward the share of tests passed, ``format_reward`` 1 when there is a program) and
 the sandbox (``scripts/sandbox``) are the jobs'. Each step's record carries the judge's verdict shares
 (``accepted_rate``, ``wrong_answer_rate``, ..., ``no_code_rate``), ``pass_rate`` and ``judge_time``.
+
+Measured in local mode (the tiny model after 20 steps of ``local_warm_start.py --task code``, 16 steps of
+8 problems x 4 samples, learning rate 1e-3): the share of completions without a program falls from
+0.74 (first quarter of the steps) to 0.61 (last quarter); none passes a test yet, as in notebook 4.
 """
 
 from __future__ import annotations
@@ -59,12 +63,14 @@ def code_environment(judge_workers: int = 2, max_tests: int = 0, self_test: bool
 
 def main() -> None:
     parser = common.session_arguments(__doc__.split("\n")[0])
-    parser.add_argument("--steps", type=int, default=12)
+    parser.add_argument("--steps", type=int, default=16)
     parser.add_argument("--problems-per-step", type=int, default=8)
-    parser.add_argument("--group-size", type=int, default=8)
-    parser.add_argument("--learning-rate", type=float, default=3e-3)
+    parser.add_argument("--group-size", type=int, default=4)
+    parser.add_argument("--learning-rate", type=float, default=1e-3)
     parser.add_argument("--format-reward-weight", type=float, default=0.5)
     parser.add_argument("--loss-fn", default="importance_sampling", choices=["importance_sampling", "ppo"])
+    parser.add_argument("--problems", default=None,
+                        help="a JSON Lines file of problems (code_contests, APPS...); default: the project's easy ones")
     parser.add_argument("--judge-workers", type=int, default=2)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
@@ -77,7 +83,8 @@ def main() -> None:
     with code_environment(args.judge_workers) as env, \
             common.training_session(service, base_model, args.rank, args.alpha) as training_client:
         tokenizer = training_client.get_tokenizer()
-        history = grpo.train(training_client, tokenizer, env, offline_problems(256, seed=args.seed), args.steps,
+        problems = staged_problems(args.problems) if args.problems else offline_problems(256, seed=args.seed)
+        history = grpo.train(training_client, tokenizer, env, problems, args.steps,
                              args.problems_per_step, args.group_size, args.learning_rate, loss_fn=args.loss_fn,
                              format_reward_weight=args.format_reward_weight,
                              overlap=True, seed=args.seed)
