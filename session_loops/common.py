@@ -1,7 +1,7 @@
 """What the training-session loops share: connecting, datum construction, advantages, the session's
 lifetime, billing and metric lines.
 
-The loops (``sft.py``, ``grpo.py``) run in the notebook's process and drive a SageMaker
+The loops (``sft.py``, ``grpo.py``, ``code_rl.py``) run in the notebook's process and drive a SageMaker
 training session with the SDK v3 clients (``sagemaker.train.training_session``); the service keeps the
 model on its GPUs, the loop decides every step. Losses on the service are **sums** over tokens and
 datums: the loop owns normalisation (here: divide by the step's target tokens).
@@ -64,12 +64,13 @@ def start_local_endpoint(root: str | os.PathLike | None = None) -> dict[str, str
 LOCAL_ROLE = "arn:aws:iam::123456789012:role/SageMakerRole"
 
 
-def local_warm_start_model() -> str:
-    """Local mode: the tiny model tuned to answer '#### n', registered with the local endpoint (built
-    once per machine by ``local_warm_start.py`` in the main environment, which has torch)."""
+def local_warm_start_model(task: str = "gsm8k") -> str:
+    """Local mode: the tiny model tuned to answer in the task's format ('#### n' for "gsm8k", a fenced
+    program for "code"), registered with the local endpoint (built once per machine by
+    ``local_warm_start.py`` in the main environment, which has torch)."""
     python = os.environ.get("MAIN_ENV_PYTHON") or str(REPO / ".venv" / "bin" / "python")
-    done = subprocess.run([python, "-m", "session_loops.local_warm_start"], cwd=REPO, capture_output=True,
-                          text=True, timeout=900)
+    done = subprocess.run([python, "-m", "session_loops.local_warm_start", "--task", task], cwd=REPO,
+                          capture_output=True, text=True, timeout=900)
     if done.returncode != 0:
         raise RuntimeError(f"Building the local warm-start model failed:\n{done.stderr[-2000:]}")
     return json.loads(done.stdout.strip().splitlines()[-1])["base_model"]
@@ -162,27 +163,94 @@ def open_session(service, base_model: str, rank: int, alpha: int, **options):
     return client
 
 
+def stop_at_exit(sagemaker_client, training_session_name: str) -> None:
+    """The raw API's ``open_session``: stop the session when the kernel exits, in case the last cell
+    does not run (a cell failed). Stopping a session already stopped or deleted is a no-op here."""
+    def stop():
+        with contextlib.suppress(Exception):
+            sagemaker_client.stop_training_session(TrainingSessionName=training_session_name)
+
+    atexit.register(stop)
+
+
 def close_session(client) -> None:
     with contextlib.suppress(Exception):  # already stopped, or the service is gone: nothing left to free
         client.stop()
         print(f"Stopped training session {client.training_session_name}.")
 
 
+def adam_params(learning_rate: float):
+    """The optimizer step every loop sends: AdamW without weight decay, gradients clipped to norm 1."""
+    from sagemaker.train.training_session import AdamParams
+
+    return AdamParams(learning_rate=learning_rate, weight_decay=0.0, grad_clip_norm=1.0)
+
+
+# --------------------------------------------------------------------------- the requests, before launch
+
+def sdk_requests(base_model: str, rank: int, alpha: int, role: str | None, learning_rate: float,
+                 forward_backward: dict | None = None) -> dict:
+    """The CreateTrainingSession request ``create_lora_training_client`` sends and the optimizer step's
+    ExecuteTrainingOperation, built with the SDK's own code before anything is launched. What only
+    SageMaker knows yet (the session name the SDK draws, the hub's ARN, the account's bucket and default
+    model package group) is shown in <angle brackets>."""
+    from sagemaker.train.training_session._utils import build_lora_config
+    from sagemaker.train.training_session.service_client import (
+        DEFAULT_MODEL_PACKAGE_GROUP_NAME,
+        DEFAULT_SESSION_NAME_PREFIX,
+        _build_create_session_args,
+    )
+
+    name = f"{DEFAULT_SESSION_NAME_PREFIX}-<8 hex digits>"
+    create = _build_create_session_args(
+        session_name=name, base_model_arn=f"<public hub ARN of {base_model}>",
+        model_package_group_arn=f"<ARN of model package group {DEFAULT_MODEL_PACKAGE_GROUP_NAME}>",
+        lora_config=build_lora_config(rank, alpha), role_arn=role or "<role>",
+        s3_path=f"s3://<default bucket>/{name}/output", kms_key_arn=None, vpc_config=None)
+    operations = {"optimizerStep": {"adamParamsConfig": adam_params(learning_rate)._to_api()}}
+    return {"CreateTrainingSession": create, "ExecuteTrainingOperation": operations,
+            **({"forwardBackward (without its datums)": forward_backward} if forward_backward else {})}
+
+
+def print_requests(requests: dict) -> None:
+    """One request a block, keys sorted: the output the notebooks keep in git and nbval checks."""
+    for operation, request in requests.items():
+        print(operation)
+        print(json.dumps(request, indent=1, sort_keys=True, default=str))
+
+
 # --------------------------------------------------------------------------- the raw API (boto3)
+
+def create_session_request(session_name: str, base_model_arn: str, rank: int, alpha: int, role: str,
+                           output_path: str) -> dict:
+    """CreateTrainingSession's request as notebook 10 writes it: no model package group (SageMaker uses
+    the account's default), checkpoints under ``<output_path>/training-sessions/<session>``."""
+    return {
+        "TrainingSessionName": session_name,
+        "LoraConfig": {"Rank": rank, "Alpha": alpha},
+        "RoleArn": role,
+        "ModelConfig": {"BaseModelArn": base_model_arn, "AcceptEula": True},
+        "OutputConfig": {"S3Location": {"Path": f"{output_path}/training-sessions/{session_name}"}},
+    }
+
 
 def base_model_arn(sagemaker_client, base_model: str) -> str:
     """The public hub's ARN for a model id (``provider/model``), as CreateTrainingSession wants it."""
     keyword = f"@huggingface-id:{base_model.lower()}"
     request = {"HubName": "SageMakerPublicHub", "HubContentType": "Model"}
     while True:
-        page = sagemaker_client.list_hub_contents(**request)
+        try:
+            page = sagemaker_client.list_hub_contents(**request)
+        except Exception as error:  # the first call that reaches SageMaker: make its failure teach
+            raise explain(error) from error
         for summary in page["HubContentSummaries"]:
             if keyword in summary.get("HubContentSearchKeywords", []):
                 return summary["HubContentArn"]
         if not page.get("NextToken"):
             break
         request["NextToken"] = page["NextToken"]
-    raise ValueError(f"No public hub model has the id {base_model!r} in this Region.")
+    raise ValueError(f"No public hub model has the id {base_model!r} in this Region. Set base_model to one that "
+                     "training sessions serve here (ServiceClient(...).list_base_models() lists them).")
 
 
 def wait_for_operation(runtime_client, session_name: str, operation_id: str, timeout: float = 600) -> dict:

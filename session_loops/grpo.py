@@ -7,15 +7,17 @@ training-job scripts use, and train on group-relative advantages.
 One step:
   1. ``save_weights_and_get_sampling_client()``: a sampler on the current weights;
   2. ``sample`` a group of ``group_size`` completions per problem (every request in flight at once);
-  3. ``env.score``: GSM8K's checker from ``scripts/environments/gsm8k.py`` (the same code the jobs run);
+  3. ``env.score``: the environment, passed in: GSM8K's checker from ``scripts/environments/gsm8k.py``
+     (the same code the jobs run) here, the sandboxed code judge in ``code_rl.py``;
   4. advantage = reward - group mean; groups whose rewards are all equal are skipped;
   5. ``forward_backward(loss_fn="importance_sampling" | "ppo")`` + ``optim_step``.
 
 How off-policy: the sampler is saved right before sampling and there is one optimizer step per batch,
 so with ``overlap=False`` the samples come from the weights being trained (ratio 1 up to numerics).
-With ``overlap=True`` step k+1 is sampled while step k trains, on the weights from before step k: one
-update stale. The importance ratio exp(logp - logp_sampler) corrects for it (``importance_sampling``)
-or is clipped to [0.8, 1.2] (``ppo``); the loop reports the share of tokens outside that range
+With ``overlap=True`` step k+1 is sampled while step k is scored and trains (the code judge's workers
+run while the service samples), on the weights from before step k's update: one update stale. The
+importance ratio exp(logp - logp_sampler) corrects for it (``importance_sampling``) or is clipped to
+[0.8, 1.2] (``ppo``); the loop reports the share of tokens outside that range
 (``clip_fraction``) and the mean log-ratio (``sampler_kl``) every step.
 """
 
@@ -43,48 +45,70 @@ def count_problems(n: int, seed: int = 0, largest: int = 5) -> list[dict]:
 
 
 def sample_groups(sampling_client, tokenizer, env, problems: list[dict], group_size: int, params) -> list:
-    """Send one sample request per problem (all in flight), return futures with their prompts."""
+    """Send one sample request per problem (all in flight), return futures with their prompts. Each request
+    gets its own seed (``params.seed`` + its index): with one seed for all, the i-th sample of every group
+    would draw the same random numbers, and groups of similar prompts would repeat one another."""
     requests = []
-    for problem in problems:
+    for index, problem in enumerate(problems):
         prompt = common.prompt_ids(tokenizer, env.prompt_messages(problem))
+        seeded = params if params.seed is None else params.model_copy(update={"seed": params.seed + index})
         requests.append((problem, prompt, sampling_client.sample(prompt, num_samples=group_size,
-                                                                 sampling_params=params)))
+                                                                 sampling_params=seeded)))
     return requests
 
 
-def score_groups(tokenizer, env, requests) -> list[dict]:
-    """Wait for each group, decode and score it with the environment."""
+def receive_groups(tokenizer, requests) -> list[dict]:
+    """Wait for each group's samples and decode them."""
     groups = []
     for problem, prompt, future in requests:
         samples = future.result().sequences
-        completions = [tokenizer.decode(s.tokens, skip_special_tokens=True) for s in samples]
-        groups.append({"prompt": prompt, "samples": samples,
-                       "scores": env.score([problem] * len(samples), completions)})
+        groups.append({"problem": problem, "prompt": prompt, "samples": samples,
+                       "completions": [tokenizer.decode(s.tokens, skip_special_tokens=True) for s in samples]})
+    return groups
+
+
+def score_groups(env, groups: list[dict], format_reward_weight: float = 0.0) -> list[dict]:
+    """Score every completion with the environment in one call (a judge can spread it over its workers);
+    the reward the advantages use is the environment's reward plus ``format_reward_weight`` x its format reward."""
+    examples = [g["problem"] for g in groups for _ in g["completions"]]
+    scores = iter(env.score(examples, [c for g in groups for c in g["completions"]]))
+    for group in groups:
+        group["scores"] = [next(scores) for _ in group["completions"]]
+        for score in group["scores"]:
+            score["reward"] += format_reward_weight * score.get("format_reward", 0.0)
     return groups
 
 
 def train(training_client, tokenizer, env, problems: list[dict], steps: int, problems_per_step: int,
           group_size: int, learning_rate: float, loss_fn: str = "importance_sampling", temperature: float = 1.0,
-          overlap: bool = False, stop: list[str] | None = None, seed: int = 0,
-          history: list[dict] | None = None) -> list[dict]:
-    """``steps`` GRPO steps; returns one metric record a step."""
-    from sagemaker.train.training_session import AdamParams, SamplingParams
+          format_reward_weight: float = 0.0, overlap: bool = False,
+          stop: list[str] | None = None, seed: int = 0, history: list[dict] | None = None) -> list[dict]:
+    """``steps`` GRPO steps with the environment ``env`` (GSM8K's checker, the code judge...); returns one
+    metric record a step, with the environment's own ``step_metrics()`` (verdict shares) when it has them."""
+    from sagemaker.train.training_session import SamplingParams
 
     if loss_fn not in ("importance_sampling", "ppo"):
         raise ValueError(f"loss_fn must be 'importance_sampling' or 'ppo', got {loss_fn!r}.")
     rng = random.Random(seed)
-    adam = AdamParams(learning_rate=learning_rate, weight_decay=0.0, grad_clip_norm=1.0)
+    adam = common.adam_params(learning_rate)
     config = PPO_CLIP if loss_fn == "ppo" else None
     history = [] if history is None else history
 
     def sample_batch(sampler, step):
-        params = SamplingParams(max_tokens=512, temperature=temperature, seed=seed * 100_000 + step, stop=stop)
+        # 512 is the service's smallest maxTokens; an answer ends earlier at its end of turn or a stop sequence.
+        params = SamplingParams(max_tokens=512, temperature=temperature, seed=seed * 1_000_000 + step * 1_000,
+                                stop=stop)
         return sample_groups(sampler, tokenizer, env, rng.sample(problems, problems_per_step), group_size, params)
 
     sampler = training_client.save_weights_and_get_sampling_client()
     pending = sample_batch(sampler, 0)
     for step in range(steps):
-        groups = score_groups(tokenizer, env, pending)
+        groups = receive_groups(tokenizer, pending)
+        if overlap and step + 1 < steps:
+            # The service samples step k+1 while this process scores and trains step k, on the same
+            # weights as step k's samples: by the time step k+1 trains they are one update stale.
+            pending = sample_batch(sampler, step + 1)
+        score_groups(env, groups, format_reward_weight)
         completions, skipped = [], 0  # (prompt, sample, advantage) of the groups that teach something
         for group in groups:
             advantages = common.group_advantages([s["reward"] for s in group["scores"]])
@@ -99,6 +123,8 @@ def train(training_client, tokenizer, env, problems: list[dict], steps: int, pro
                   "accuracy": sum(bool(s["correct"]) for s in scores) / len(scores),
                   "format_reward": sum(s["format_reward"] for s in scores) / len(scores),
                   "skipped_groups": skipped, "sampled_tokens": sampled_tokens}
+        if hasattr(env, "step_metrics"):
+            record.update(env.step_metrics())  # the code judge's verdict shares and judging time
         if completions:
             # The service sums the loss over tokens; dividing every advantage by the step's completion
             # tokens makes the step's loss a mean over tokens (Dr. GRPO's constant normaliser).
@@ -107,18 +133,17 @@ def train(training_client, tokenizer, env, problems: list[dict], steps: int, pro
                       for prompt, sample, advantage in completions]
             forward_backward = training_client.forward_backward(datums, loss_fn=loss_fn, loss_fn_config=config)
             optim_step = training_client.optim_step(adam)
-            if overlap and step + 1 < steps:
-                pending = sample_batch(sampler, step + 1)  # on the weights from before this step: one update stale
             outputs = forward_backward.result().loss_fn_outputs
             optim_step.result()
             record.update(common.ratio_stats(datums, outputs, PPO_CLIP["clip_low_threshold"],
                                              PPO_CLIP["clip_high_threshold"]))
             record["trained_tokens"] = n_tokens
         common.log_step(history, record)
-        if step + 1 < steps:
-            sampler = training_client.save_weights_and_get_sampling_client()
-            if not (overlap and completions):
-                pending = sample_batch(sampler, step + 1)
+        next_sampled = step + 2 if overlap else step + 1  # the step the next sampler's samples train
+        if next_sampled < steps:
+            sampler = training_client.save_weights_and_get_sampling_client()  # after this step's update
+            if not overlap:
+                pending = sample_batch(sampler, next_sampled)
     return history
 
 
@@ -128,8 +153,8 @@ def evaluate(sampling_client, tokenizer, env, problems: list[dict], samples_per_
     from sagemaker.train.training_session import SamplingParams
 
     params = SamplingParams(max_tokens=512, temperature=temperature, seed=seed, stop=stop)
-    groups = score_groups(tokenizer, env, sample_groups(sampling_client, tokenizer, env, problems,
-                                                        samples_per_problem, params))
+    groups = score_groups(env, receive_groups(tokenizer, sample_groups(sampling_client, tokenizer, env, problems,
+                                                                      samples_per_problem, params)))
     scores = [s for g in groups for s in g["scores"]]
     return {"accuracy": sum(bool(s["correct"]) for s in scores) / len(scores),
             "format_reward": sum(s["format_reward"] for s in scores) / len(scores)}

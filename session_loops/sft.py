@@ -27,10 +27,8 @@ def conversation_datum(tokenizer, messages: list[dict]):
 def train(training_client, datums: list, steps: int, batch_size: int, learning_rate: float,
           seed: int = 0, history: list[dict] | None = None) -> list[dict]:
     """``steps`` cross-entropy steps on batches drawn from ``datums``; returns one metric record a step."""
-    from sagemaker.train.training_session import AdamParams
-
     rng = random.Random(seed)
-    adam = AdamParams(learning_rate=learning_rate, weight_decay=0.0, grad_clip_norm=1.0)
+    adam = common.adam_params(learning_rate)
     history = [] if history is None else history
     in_flight = collections.deque()  # steps sent whose results are not read yet
 
