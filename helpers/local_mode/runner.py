@@ -503,10 +503,13 @@ class TrainingJob:
         for host in hosts:
             stream = self._streams.setdefault(host.name, f"{self.name}/{host.name}-{int(time.time())}")
             self.aws.create_log_stream(stream)
-            process = hostlib.start_host(
-                host, host.tree.parents[2], hostlib.host_environment(host, self.job, self.aws.region, module),
-                _container_entrypoint(self.job),
-            )
+            environment = hostlib.host_environment(host, self.job, self.aws.region, module)
+            entrypoint = _container_entrypoint(self.job)
+            if entrypoint:
+                # Local mode never installs packages; an entry point that runs pip (ModelTrainer's
+                # requirements) may only find them satisfied in this environment.
+                environment["PIP_NO_INDEX"] = "1"
+            process = hostlib.start_host(host, host.tree.parents[2], environment, entrypoint)
             processes.append(process)
             pumps.append(threading.Thread(target=self._pump, args=(process, stream), daemon=True))
             pumps[-1].start()

@@ -1,7 +1,7 @@
 """The training-session notebooks (07 onwards): hygiene, and what their local-mode run shows.
 
 They run once, in the shared main-job run (fixture ``notebook_run``: papermill, CI parameters from
-``helpers/session_notebooks.py``, the SDK v3 kernel ``sagemaker-training-sessions``); these tests read
+``helpers/session_notebooks.py``, the SDK v3 kernel ``sagemaker-sdk-v3``); these tests read
 the records each notebook left in ``<work_dir>/training_sessions.json``.
 """
 
@@ -31,8 +31,8 @@ def test_the_session_notebooks_are_there():
 def test_session_notebook_is_clean_and_runs_in_the_sdk_v3_kernel(path):
     nb = nbformat.read(str(path), as_version=4)
     nbformat.validate(nb)
-    assert nb.metadata["kernelspec"]["name"] == "sagemaker-training-sessions"
-    assert session_notebooks.kernel_name(path) == "sagemaker-training-sessions"
+    assert nb.metadata["kernelspec"]["name"] == "sagemaker-sdk-v3"
+    assert session_notebooks.kernel_name(path) == "sagemaker-sdk-v3"
     # The job notebooks' rules, but for the kernel, which is the SDK v3 environment's.
     assert [p for p in problems(nb) if not p.startswith("metadata.kernelspec")] == []
     lint = subprocess.run([sys.executable, "-m", "ruff", "check", str(path)], capture_output=True, text=True,
