@@ -29,6 +29,7 @@ REPO = Path(__file__).resolve().parents[1]
 NOTEBOOK_DIR = REPO / "notebooks"
 CHECK_MARK = "# NBVAL_CHECK_OUTPUT"
 CHECKED_EXECUTION_COUNT = 1  # the same in every checked cell: no diff from one run to the next
+KERNELS = ("python3", "sagemaker-sdk-v3")  # the main environment (SDK v2) and .venv-sessions (SDK v3)
 
 
 def is_checked(cell) -> bool:
@@ -93,15 +94,17 @@ def checked_outputs_of(executed: Path) -> dict[str, list]:
     return outputs
 
 
-def cut_notebooks(dest: Path, work_dir: Path, extra_source=None) -> list[Path]:
-    """Each notebook up to its checked cell, with its cloud parameters but ``run_mode="local"``
-    and ``work_dir``, written to ``dest/notebooks/`` (``helpers/`` and ``scripts/`` linked
-    next to it, as in the repository). ``extra_source(name)`` may return a cell to append."""
+def cut_notebooks(dest: Path, work_dir: Path, extra_source=None, kernel: str = "python3") -> list[Path]:
+    """Each notebook of ``kernel`` up to its checked cell, with its cloud parameters but
+    ``run_mode="local"`` and ``work_dir``, written to ``dest/notebooks/`` (``helpers/``, ``scripts/``
+    and ``session_loops/`` linked next to it, as in the repository). ``extra_source(name)`` may
+    return a cell to append."""
     from nbformat.v4 import new_code_cell
     from papermill.iorw import load_notebook_node
     from papermill.parameterize import parameterize_notebook
 
-    for name in ("helpers", "scripts"):
+    dest.mkdir(parents=True, exist_ok=True)
+    for name in ("helpers", "scripts", "session_loops"):
         link = dest / name
         if not link.exists():
             link.symlink_to(REPO / name, target_is_directory=True)
@@ -111,7 +114,7 @@ def cut_notebooks(dest: Path, work_dir: Path, extra_source=None) -> list[Path]:
     for path in sorted(NOTEBOOK_DIR.glob("[0-9][0-9]_*.ipynb")):
         nb = load_notebook_node(str(path))  # papermill's reader: adds the metadata it works with
         checked = [i for i, cell in enumerate(nb.cells) if is_checked(cell)]
-        if not checked:
+        if not checked or nb.metadata.get("kernelspec", {}).get("name") != kernel:
             continue
         nb.cells = nb.cells[:checked[-1] + 1]
         if extra_source is not None:
@@ -146,11 +149,12 @@ def refresh(run_out: Path) -> dict[str, dict[str, list]]:
     os.environ.update(kernel_environment(run_out / "sagemaker-local"))
     try:
         with tempfile.TemporaryDirectory() as tmp:
-            for cut in cut_notebooks(Path(tmp), run_out / "work"):
-                executed = cut.with_suffix(".out.ipynb")
-                papermill.execute_notebook(str(cut), str(executed), cwd=str(cut.parent), kernel_name="python3",
-                                           progress_bar=False)
-                collected[cut.name] = checked_outputs_of(executed)
+            for kernel in KERNELS:
+                for cut in cut_notebooks(Path(tmp) / kernel, run_out / "work", kernel=kernel):
+                    executed = cut.with_suffix(".out.ipynb")
+                    papermill.execute_notebook(str(cut), str(executed), cwd=str(cut.parent), kernel_name=kernel,
+                                               progress_bar=False)
+                    collected[cut.name] = checked_outputs_of(executed)
     finally:
         os.environ.clear()
         os.environ.update(saved)

@@ -19,7 +19,7 @@ from helpers import run_notebooks, session_notebooks
 from helpers.notebook_hygiene import problems
 
 REPO = Path(__file__).resolve().parents[2]
-SESSION_NOTEBOOKS = sorted(p for p in (REPO / "notebooks").glob("[0-9][0-9]_*.ipynb") if p.name >= "07")
+SESSION_NOTEBOOKS = sorted(p for p in (REPO / "notebooks").glob("[0-9][0-9]_session_*.ipynb") if p.name >= "07")
 
 
 def test_the_session_notebooks_are_there():
