@@ -3,6 +3,7 @@
 PYTHON ?= python3
 VENV := .venv
 SESSIONS_VENV := .venv-sessions
+SDK_V3_KERNEL := $(VENV)/share/jupyter/kernels/sagemaker-sdk-v3/kernel.json
 PY := $(VENV)/bin/python
 OUT ?= outputs/main
 
@@ -16,7 +17,7 @@ $(VENV)/.stamp: requirements.txt
 	@touch $@
 
 ## main: every notebook, end to end, in local mode with the tiny offline model
-main: $(VENV)/.stamp $(SESSIONS_VENV)/.stamp
+main: $(VENV)/.stamp $(SDK_V3_KERNEL)
 	$(PY) -m helpers.run_notebooks --out $(OUT)
 
 # The training image's versions (transformers 4.56.2, the floors of scripts/requirements.txt),
@@ -43,7 +44,7 @@ IMAGE_ONLY := tests/scripts_common tests/code_rl tests/sandbox tests/sft_dpo/tes
 	tests/grpo/test_gsm8k_checker.py tests/foundation/test_transformers_4_and_5.py
 
 ## test: the whole test suite (what .ci/run calls): the main environment, then the image's
-test: $(VENV)/.stamp $(SESSIONS_VENV)/.stamp $(IMAGE_VENV)/.stamp
+test: $(VENV)/.stamp $(SDK_V3_KERNEL) $(IMAGE_VENV)/.stamp
 	$(PY) -m pytest $(addprefix --ignore=,$(IMAGE_ONLY))
 	$(IMAGE_PY) -m pytest $(CONTAINER_TESTS) $(addprefix --ignore=,$(TRL_PARITY))
 
@@ -62,8 +63,10 @@ $(SESSIONS_VENV)/.stamp: requirements-sessions.txt $(VENV)/.stamp
 	@test -x $(SESSIONS_VENV)/bin/python || $(PYTHON) -m venv $(SESSIONS_VENV)
 	$(SESSIONS_VENV)/bin/python -m pip install -q --disable-pip-version-check -r requirements-sessions.txt
 	$(SESSIONS_VENV)/bin/python -m pip check
-	# The kernel notebooks 07+ name, registered inside the main environment (where papermill and
-	# Jupyter look first), so each checkout runs them in its own SDK v3 environment.
-	$(SESSIONS_VENV)/bin/python -m ipykernel install --prefix $(abspath $(VENV)) --name sagemaker-training-sessions \
-		--display-name "SageMaker training sessions (SDK v3)"
 	@touch $@
+
+# The kernel the SDK v3 notebooks (07 onwards) name, registered inside the main environment (where
+# papermill and Jupyter look first), so each checkout runs them in its own SDK v3 environment.
+$(SDK_V3_KERNEL): $(SESSIONS_VENV)/.stamp
+	$(SESSIONS_VENV)/bin/python -m ipykernel install --prefix $(abspath $(VENV)) --name sagemaker-sdk-v3 \
+		--display-name "SageMaker SDK v3"

@@ -29,6 +29,7 @@ REPO = Path(__file__).resolve().parents[1]
 NOTEBOOK_DIR = REPO / "notebooks"
 CHECK_MARK = "# NBVAL_CHECK_OUTPUT"
 CHECKED_EXECUTION_COUNT = 1  # the same in every checked cell: no diff from one run to the next
+KERNELS = ("python3", "sagemaker-sdk-v3")  # the main environment (SDK v2) and .venv-sessions (SDK v3)
 
 
 def is_checked(cell) -> bool:
@@ -112,10 +113,8 @@ def cut_notebooks(dest: Path, work_dir: Path, extra_source=None, kernel: str = "
     written = []
     for path in sorted(NOTEBOOK_DIR.glob("[0-9][0-9]_*.ipynb")):
         nb = load_notebook_node(str(path))  # papermill's reader: adds the metadata it works with
-        if nb.metadata.get("kernelspec", {}).get("name") != kernel:
-            continue
         checked = [i for i, cell in enumerate(nb.cells) if is_checked(cell)]
-        if not checked:
+        if not checked or nb.metadata.get("kernelspec", {}).get("name") != kernel:
             continue
         nb.cells = nb.cells[:checked[-1] + 1]
         if extra_source is not None:
@@ -150,7 +149,7 @@ def refresh(run_out: Path) -> dict[str, dict[str, list]]:
     os.environ.update(kernel_environment(run_out / "sagemaker-local"))
     try:
         with tempfile.TemporaryDirectory() as tmp:
-            for kernel in ("python3", "sagemaker-training-sessions"):  # the job notebooks, then 07 onwards
+            for kernel in KERNELS:
                 for cut in cut_notebooks(Path(tmp) / kernel, run_out / "work", kernel=kernel):
                     executed = cut.with_suffix(".out.ipynb")
                     papermill.execute_notebook(str(cut), str(executed), cwd=str(cut.parent), kernel_name=kernel,

@@ -1,7 +1,7 @@
 """What the main job needs to run the training-session notebooks (07 onwards): their kernel, their CI
 parameters, and the summary's training-sessions section.
 
-They run in the SDK v3 environment's kernel (``sagemaker-training-sessions``, registered by the
+They run in the SDK v3 environment's kernel (``sagemaker-sdk-v3``, registered by the
 Makefile's ``.venv-sessions`` target); each records its session, steps, final metrics and billable
 tokens with ``session_loops.common.record`` in ``<work_dir>/training_sessions.json``.
 """

@@ -34,10 +34,11 @@ NAMESPACES = "mount namespaces"
 LOOPBACK = "loopback addresses"
 
 # Runs inside the new namespaces: private /etc/hosts, the host tree at /opt/ml, hostname algo-i,
-# then the container's own entry point (`train` is sagemaker_training.cli.train).
+# then the container's entry point: the image's (`train` is sagemaker_training.cli.train) or the
+# request's ContainerEntrypoint + ContainerArguments.
 _IN_NAMESPACE = (
     'mount --bind "$1" /etc/hosts && mount --bind "$2" /opt/ml && hostname "$3" '
-    '&& exec "$4" -m sagemaker_training.cli.train'
+    '&& shift 3 && exec "$@"'
 )
 
 
@@ -128,14 +129,15 @@ def write_config(host: Host, hosts: list[Host], request: dict, hyperparameters: 
         (host.tree / sub).mkdir(parents=True, exist_ok=True)
 
 
-def host_command(host: Host, run_dir: Path) -> list[str]:
-    python = sys.executable
+def host_command(host: Host, run_dir: Path, entrypoint: list[str] | None = None) -> list[str]:
+    """The toolkit, or ``entrypoint`` (a request's ContainerEntrypoint + ContainerArguments)."""
+    command = entrypoint or [sys.executable, "-m", "sagemaker_training.cli.train"]
     if isolation() == NAMESPACES:
         return [
             "unshare", "--mount", "--uts", "--propagation", "private", "--",
-            "/bin/sh", "-c", _IN_NAMESPACE, "sh", str(run_dir / "etc_hosts"), str(host.tree), host.name, python,
+            "/bin/sh", "-c", _IN_NAMESPACE, "sh", str(run_dir / "etc_hosts"), str(host.tree), host.name, *command,
         ]  # fmt: skip
-    return [python, "-m", "sagemaker_training.cli.train"]
+    return command
 
 
 def host_environment(host: Host, job: dict, region: str, training_module: str | None) -> dict[str, str]:
@@ -317,9 +319,10 @@ def _warm_starter() -> _WarmStarter | None:
         return _warm
 
 
-def start_host(host: Host, run_dir: Path, env: dict[str, str]):
-    """Start the toolkit for one host: forked warm when possible, else a fresh process."""
-    starter = _warm_starter()
+def start_host(host: Host, run_dir: Path, env: dict[str, str], entrypoint: list[str] | None = None):
+    """Start the toolkit for one host: forked warm when possible, else a fresh process. A request's
+    own ``entrypoint`` always runs as a fresh process (the warm server forks the toolkit only)."""
+    starter = _warm_starter() if entrypoint is None else None
     if starter is not None:
         output = run_dir / f"{host.name}.output"
         os.mkfifo(output)
@@ -331,7 +334,7 @@ def start_host(host: Host, run_dir: Path, env: dict[str, str]):
         except OSError:
             output.unlink()  # the server is gone (it could not import torch?): a plain process instead
     return subprocess.Popen(
-        host_command(host, run_dir),
+        host_command(host, run_dir, entrypoint),
         env=env,
         cwd=host.tree,
         stdout=subprocess.PIPE,

@@ -236,6 +236,14 @@ class TrainingJob:
             )
         )
 
+        if _container_entrypoint(request) and hostlib.isolation() != hostlib.NAMESPACES:
+            raise _Outcome(
+                "Failed",
+                "ClientError: this job sets ContainerEntrypoint (SDK v3's ModelTrainer does), whose scripts "
+                f"read the literal /opt/ml; local mode gives each host its own /opt/ml only with {hostlib.NAMESPACES} "
+                "(run as root where `unshare` works, as in CI or a container). Here it has "
+                f"{hostlib.isolation()}: launch the job with an SDK v2 estimator, or on SageMaker.",
+            )
         self._secondary("Downloading", "Downloading input data")
         self.job["TrainingStartTime"] = time.time()
         cache = self.run_dir / "downloads"
@@ -495,9 +503,13 @@ class TrainingJob:
         for host in hosts:
             stream = self._streams.setdefault(host.name, f"{self.name}/{host.name}-{int(time.time())}")
             self.aws.create_log_stream(stream)
-            process = hostlib.start_host(
-                host, host.tree.parents[2], hostlib.host_environment(host, self.job, self.aws.region, module)
-            )
+            environment = hostlib.host_environment(host, self.job, self.aws.region, module)
+            entrypoint = _container_entrypoint(self.job)
+            if entrypoint:
+                # Local mode never installs packages; an entry point that runs pip (ModelTrainer's
+                # requirements) may only find them satisfied in this environment.
+                environment["PIP_NO_INDEX"] = "1"
+            process = hostlib.start_host(host, host.tree.parents[2], environment, entrypoint)
             processes.append(process)
             pumps.append(threading.Thread(target=self._pump, args=(process, stream), daemon=True))
             pumps[-1].start()
@@ -606,6 +618,15 @@ class TrainingJob:
             self.aws.s3.put_object(Bucket=bucket, Key=f"{base}/model.tar.gz", Body=model)
             self.job["ModelArtifacts"] = {"S3ModelArtifacts": f"s3://{bucket}/{base}/model.tar.gz"}
             self._say(f"model uploaded to s3://{bucket}/{base}/model.tar.gz ({len(model)} bytes)")
+
+
+def _container_entrypoint(job: dict) -> list[str] | None:
+    """The request's ContainerEntrypoint + ContainerArguments: they replace the image's entry point
+    (the toolkit), as in SageMaker."""
+    algorithm = job["AlgorithmSpecification"]
+    if not algorithm.get("ContainerEntrypoint"):
+        return None
+    return [*algorithm["ContainerEntrypoint"], *algorithm.get("ContainerArguments", [])]
 
 
 def _is_json(value: str) -> bool:

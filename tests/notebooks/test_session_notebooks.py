@@ -1,7 +1,7 @@
 """The training-session notebooks (07 onwards): hygiene, and what their local-mode run shows.
 
 They run once, in the shared main-job run (fixture ``notebook_run``: papermill, CI parameters from
-``helpers/session_notebooks.py``, the SDK v3 kernel ``sagemaker-training-sessions``); these tests read
+``helpers/session_notebooks.py``, the SDK v3 kernel ``sagemaker-sdk-v3``); these tests read
 the records each notebook left in ``<work_dir>/training_sessions.json``.
 """
 
@@ -20,7 +20,7 @@ from helpers import run_notebooks, session_notebooks
 from helpers.notebook_hygiene import cut_notebooks, kernel_environment, problems
 
 REPO = Path(__file__).resolve().parents[2]
-SESSION_NOTEBOOKS = sorted(p for p in (REPO / "notebooks").glob("[0-9][0-9]_*.ipynb") if p.name >= "07")
+SESSION_NOTEBOOKS = sorted(p for p in (REPO / "notebooks").glob("[0-9][0-9]_session_*.ipynb") if p.name >= "07")
 
 
 def test_the_session_notebooks_are_there():
@@ -32,8 +32,8 @@ def test_the_session_notebooks_are_there():
 def test_session_notebook_is_clean_and_runs_in_the_sdk_v3_kernel(path):
     nb = nbformat.read(str(path), as_version=4)
     nbformat.validate(nb)
-    assert nb.metadata["kernelspec"]["name"] == "sagemaker-training-sessions"
-    assert session_notebooks.kernel_name(path) == "sagemaker-training-sessions"
+    assert nb.metadata["kernelspec"]["name"] == "sagemaker-sdk-v3"
+    assert session_notebooks.kernel_name(path) == "sagemaker-sdk-v3"
     # The job notebooks' rules, but for the kernel, which is the SDK v3 environment's.
     assert [p for p in problems(nb) if not p.startswith("metadata.kernelspec")] == []
     lint = subprocess.run([sys.executable, "-m", "ruff", "check", str(path)], capture_output=True, text=True,
@@ -74,10 +74,10 @@ def cloud_requests(tmp_path_factory) -> dict:
         return (f"import json, pathlib\npathlib.Path({str(dumps / (name[:2] + '.json'))!r})"
                 ".write_text(json.dumps(requests, default=str))")
 
-    notebooks = cut_notebooks(tmp_path, tmp_path / "work", save_requests, kernel="sagemaker-training-sessions")
+    notebooks = cut_notebooks(tmp_path, tmp_path / "work", save_requests, kernel="sagemaker-sdk-v3")
     (tmp_path / "pytest.ini").write_text("[pytest]\n")
     result = subprocess.run(
-        [sys.executable, "-m", "pytest", "--nbval-lax", "--nbval-kernel-name", "sagemaker-training-sessions",
+        [sys.executable, "-m", "pytest", "--nbval-lax", "--nbval-kernel-name", "sagemaker-sdk-v3",
          "-p", "no:cacheprovider", "--nbval-sanitize-with", str(REPO / "tests" / "notebooks" / "nbval_sanitize.cfg"),
          "-c", str(tmp_path / "pytest.ini"), "--rootdir", str(tmp_path), "-q", *map(str, notebooks)],
         capture_output=True, text=True, cwd=tmp_path, env=kernel_environment(tmp_path / "sagemaker-local"),

@@ -47,6 +47,7 @@ class Endpoint:
             "AWS_ENDPOINT_URL_SAGEMAKERTRAININGSESSIONRUNTIME": self.url,
             "AWS_ENDPOINT_URL_S3": self.url,  # the local S3 store (default bucket, artifacts)
             "AWS_ENDPOINT_URL_STS": self.url,
+            "AWS_ENDPOINT_URL_CLOUDWATCH_LOGS": self.url,  # the logs of the training jobs it runs
             "SAGEMAKER_TRAINING_SESSION_ENDPOINT": self.url,
             "SAGEMAKER_TRAINING_SESSION_RUNTIME_ENDPOINT": self.url,
             "AWS_ACCESS_KEY_ID": FAKE_ACCESS_KEY,  # signed but never checked; nothing leaves the machine
@@ -54,6 +55,9 @@ class Endpoint:
             "AWS_DEFAULT_REGION": self.region,
             "AWS_REGION": self.region,
             "AWS_EC2_METADATA_DISABLED": "true",
+            # No IAM here: ModelTrainer's role check (iam:SimulatePrincipalPolicy) is skipped by the
+            # SDK's documented switch; the role is still sent, and checked for shape, with each job.
+            "SAGEMAKER_VALIDATE_ROLE": "false",
             "HF_HUB_CACHE": str(hf_cache(self.root)),  # base models' tokenizers under their hub-style ids
             "HF_HUB_OFFLINE": "1",
             # The SDK names its default bucket after the account, asking STS at a hard-coded regional

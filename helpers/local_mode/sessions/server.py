@@ -4,11 +4,13 @@
 
 Which request is which, read from what botocore sends:
   * ``X-Amz-Target: SageMaker.<Operation>`` (JSON 1.1): the control plane, hub look-ups and model
-    packages (service.py);
+    packages (service.py), and the training-job operations SDK v3's ``ModelTrainer`` sends, answered
+    by local mode's job engine (``helpers.local_mode.api``, as for SDK v2 in-process);
   * a path of the ``sagemakertrainingsessionruntime`` model (REST-JSON): the runtime;
-  * anything signed for ``s3`` or ``sts``: handed to moto in this process, whose S3 is the local
-    store of local mode (mirrored to ``$SAGEMAKER_LOCAL_ROOT/s3``), so the SDK's default bucket and
-    the sessions' artifacts are the same objects notebooks read.
+  * anything signed for ``s3``, ``sts`` or ``logs``: handed to moto in this process, whose S3 is the
+    local store of local mode (mirrored to ``$SAGEMAKER_LOCAL_ROOT/s3``), so the SDK's default bucket
+    and the sessions' artifacts are the same objects notebooks read; CloudWatch Logs holds the logs of
+    the jobs this process runs.
 
 Every SageMaker request is checked against botocore's own input shape (types, required members,
 lengths, ranges, enums, patterns) before it reaches the service, as the real endpoint does.
@@ -32,6 +34,7 @@ import botocore.session
 from botocore.awsrequest import AWSPreparedRequest
 from botocore.validate import ParamValidator
 
+from ..api import SageMakerAPI
 from ..validation import ServiceError
 
 RUNTIME = "sagemakertrainingsessionruntime"
@@ -49,6 +52,8 @@ CONTROL_PLANE_OPERATIONS = (
     "DescribeModelPackage",
     "DeleteModelPackage",
 )
+# ModelTrainer.train() and TrainingJob.wait(): run by local mode's job engine in this process.
+TRAINING_JOB_OPERATIONS = ("CreateTrainingJob", "DescribeTrainingJob", "ListTrainingJobs", "StopTrainingJob")
 RUNTIME_OPERATIONS = {
     "ExecuteTrainingOperation": "execute_training_operation",
     "GetTrainingOperationResult": "operation_result",
@@ -162,6 +167,7 @@ class Endpoint:
 
         self.aws = LocalAWS(root, region)
         self.service = SessionService(self.aws, region)
+        self.jobs = SageMakerAPI(self.aws)
         from moto.core.models import botocore_stubber
 
         self.moto = botocore_stubber
@@ -170,15 +176,16 @@ class Endpoint:
     def control_plane(self, target: str, body: bytes) -> tuple[int, dict, bytes]:
         operation = target.split(".", 1)[1]
         try:
-            if operation not in CONTROL_PLANE_OPERATIONS:
+            answers = CONTROL_PLANE_OPERATIONS + TRAINING_JOB_OPERATIONS
+            if operation not in answers:
                 raise ServiceError(
                     "ValidationException",
-                    f"The local training-session endpoint answers {', '.join(CONTROL_PLANE_OPERATIONS)}; "
-                    f"{operation} needs SageMaker (training jobs: helpers.local_mode).",
+                    f"The local endpoint answers {', '.join(answers)}; {operation} needs SageMaker.",
                 )
             request = json.loads(body or b"{}")
             check_shape(request, service_model("sagemaker").operation_model(operation).input_shape)
-            response = getattr(self.service, _snake(operation))(request)
+            handler = self.jobs if operation in TRAINING_JOB_OPERATIONS else self.service
+            response = getattr(handler, _snake(operation))(request)
             return 200, {"Content-Type": "application/x-amz-json-1.1"}, json.dumps(response).encode()
         except ServiceError as error:
             return (
@@ -222,9 +229,13 @@ class Endpoint:
                 json.dumps({"message": error.message}).encode(),
             )
 
-    # ---- S3 and STS: moto, with S3 writes mirrored to disk
+    # ---- S3, STS and CloudWatch Logs: moto, with S3 writes mirrored to disk
     def aws_service(self, service: str, method: str, path: str, headers: dict, body: bytes):
-        host = {"s3": "s3.amazonaws.com", "sts": "sts.amazonaws.com"}.get(service)
+        host = {
+            "s3": "s3.amazonaws.com",
+            "sts": "sts.amazonaws.com",
+            "logs": f"logs.{self.aws.region}.amazonaws.com",
+        }.get(service)
         if host is None:
             return (
                 400,
