@@ -57,11 +57,16 @@ def isolation() -> str:
     return NAMESPACES if probe.returncode == 0 else LOOPBACK
 
 
+HOMOGENEOUS_GROUP = "homogeneousCluster"  # the group name SageMaker gives a job without InstanceGroups
+
+
 @dataclass
 class Host:
     name: str  # algo-i: log stream names and messages
     address: str  # what the toolkit sees as the host name (algo-i, or 127.0.0.i in LOOPBACK)
     tree: Path  # this host's /opt/ml
+    group: str = HOMOGENEOUS_GROUP  # its instance group
+    instance_type: str = ""
     checkpoints: Path | None = None  # the real folder behind CheckpointConfig.LocalPath
     synced: dict = field(default_factory=dict)  # checkpoint file -> (size, mtime) last uploaded
 
@@ -75,12 +80,27 @@ class Host:
         return self.tree / os.path.relpath(opt_ml_path, "/opt/ml")
 
 
-def make_hosts(run_dir: Path, count: int) -> list[Host]:
+def instance_groups(resources: dict) -> list[dict]:
+    """``ResourceConfig.InstanceGroups``, or the one group SageMaker makes of InstanceType/InstanceCount."""
+    if "InstanceGroups" in resources:
+        return resources["InstanceGroups"]
+    return [
+        {
+            "InstanceGroupName": HOMOGENEOUS_GROUP,
+            "InstanceType": resources["InstanceType"],
+            "InstanceCount": resources["InstanceCount"],
+        }
+    ]
+
+
+def make_hosts(run_dir: Path, groups: list[dict]) -> list[Host]:
+    """algo-1..algo-N over the groups in their order: the first group's hosts come first."""
     mode = isolation()
+    members = [(g["InstanceGroupName"], g["InstanceType"]) for g in groups for _ in range(g["InstanceCount"])]
     hosts = []
-    for i in range(1, count + 1):
+    for i, (group, instance_type) in enumerate(members, start=1):
         address = f"algo-{i}" if mode == NAMESPACES else f"127.0.0.{i}"
-        hosts.append(Host(f"algo-{i}", address, run_dir / f"algo-{i}" / "opt" / "ml"))
+        hosts.append(Host(f"algo-{i}", address, run_dir / f"algo-{i}" / "opt" / "ml", group, instance_type))
     if mode == NAMESPACES:
         system_hosts = Path("/etc/hosts").read_text() if Path("/etc/hosts").exists() else ""
         names = " ".join(h.name for h in hosts)
@@ -88,20 +108,35 @@ def make_hosts(run_dir: Path, count: int) -> list[Host]:
     return hosts
 
 
+def receives(host: Host, channel: dict) -> bool:
+    """Whether a channel reaches the host: ``InstanceGroupNames`` limits it to those groups."""
+    groups = channel["DataSource"]["S3DataSource"].get("InstanceGroupNames")
+    return not groups or host.group in groups
+
+
 def write_config(host: Host, hosts: list[Host], request: dict, hyperparameters: dict) -> None:
-    """input/config/*.json exactly as SageMaker writes them (network interface: loopback)."""
+    """input/config/*.json exactly as SageMaker writes them (network interface: loopback).
+
+    The toolkit derives SM_CURRENT_INSTANCE_GROUP, SM_CURRENT_INSTANCE_GROUP_HOSTS,
+    SM_INSTANCE_GROUPS and SM_INSTANCE_GROUPS_DICT from resourceconfig.json's
+    ``current_group_name`` and ``instance_groups``.
+    """
     config = host.tree / "input" / "config"
     config.mkdir(parents=True, exist_ok=True)
-    instance_type = request["ResourceConfig"]["InstanceType"]
-    addresses = [h.address for h in hosts]
+    groups = [
+        {
+            "instance_group_name": group["InstanceGroupName"],
+            "instance_type": group["InstanceType"],
+            "hosts": [h.address for h in hosts if h.group == group["InstanceGroupName"]],
+        }
+        for group in instance_groups(request["ResourceConfig"])
+    ]
     resource = {
         "current_host": host.address,
-        "current_instance_type": instance_type,
-        "current_group_name": "homogeneousCluster",
-        "hosts": addresses,
-        "instance_groups": [
-            {"instance_group_name": "homogeneousCluster", "instance_type": instance_type, "hosts": addresses}
-        ],
+        "current_instance_type": host.instance_type,
+        "current_group_name": host.group,
+        "hosts": [h.address for h in hosts],
+        "instance_groups": groups,
         "network_interface_name": "lo",
     }
     channels = {
@@ -110,12 +145,13 @@ def write_config(host: Host, hosts: list[Host], request: dict, hyperparameters: 
                 "InputMode", request["AlgorithmSpecification"].get("TrainingInputMode", "File")
             ),
             "S3DistributionType": c["DataSource"]["S3DataSource"].get(
-                "S3DistributionType", "FullyReplicated"
+                "S3DataDistributionType", "FullyReplicated"
             ),
             "RecordWrapperType": c.get("RecordWrapperType", "None"),
             **({"ContentType": c["ContentType"]} if "ContentType" in c else {}),
         }
         for c in request.get("InputDataConfig", [])
+        if receives(host, c)
     }
     (config / "hyperparameters.json").write_text(json.dumps(hyperparameters))
     (config / "resourceconfig.json").write_text(json.dumps(resource))
@@ -190,23 +226,25 @@ def lay_out_hosts(run_dir: Path, job: dict, code_dir: Path | None, channels) -> 
     if run_dir.exists():
         shutil.rmtree(run_dir)
     run_dir.mkdir(parents=True)
-    hosts = make_hosts(run_dir, job["ResourceConfig"]["InstanceCount"])
-    for index, host in enumerate(hosts):
+    hosts = make_hosts(run_dir, instance_groups(job["ResourceConfig"]))
+    for host in hosts:
         hyperparameters = dict(job.get("HyperParameters", {}))
         if code_dir is not None:
             # The toolkit cannot reach this process's S3: it gets the code already in place.
             hyperparameters["sagemaker_submit_directory"] = json.dumps(f"{host.base_dir}/code")
             shutil.copytree(code_dir, host.tree / "code")
         write_config(host, hosts, job, hyperparameters)
-        for channel in channels:  # staging.Channel
+        host.checkpoints = host.path(job.get("CheckpointConfig", {}).get("LocalPath", "/opt/ml/checkpoints"))
+        host.checkpoints.mkdir(parents=True, exist_ok=True)
+    for channel in channels:  # staging.Channel
+        receivers = [h for h in hosts if receives(h, channel.request)]
+        for index, host in enumerate(receivers):
             destination = host.tree / "input" / "data" / channel.name
             if not channel.sharded:
                 link_or_copy_tree(channel.folder, destination)
                 continue
-            for path in channel.files[index :: len(hosts)]:
+            for path in channel.files[index :: len(receivers)]:  # ShardedByS3Key over the receiving hosts
                 target = destination / path.relative_to(channel.folder)
                 target.parent.mkdir(parents=True, exist_ok=True)
                 shutil.copy2(path, target)
-        host.checkpoints = host.path(job.get("CheckpointConfig", {}).get("LocalPath", "/opt/ml/checkpoints"))
-        host.checkpoints.mkdir(parents=True, exist_ok=True)
     return hosts

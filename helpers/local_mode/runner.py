@@ -87,14 +87,16 @@ class TrainingJob:
 
     def _run(self) -> Outcome:
         job, status = self.job, self.status
-        count = job["ResourceConfig"]["InstanceCount"]
+        groups = hostlib.instance_groups(job["ResourceConfig"])
+        count = sum(g["InstanceCount"] for g in groups)
         status.secondary("Starting", "Preparing the instances for training")
         if self._stop_requested():
             return Outcome("Stopped")
         module = hostlib.training_module_for(job["AlgorithmSpecification"].get("TrainingImage", ""))
         status.say(
-            f"{count} host{'s' if count > 1 else ''} ({hostlib.isolation()}), image -> "
-            f"{module or 'script mode (sagemaker_program with this Python)'}"
+            f"{count} host{'s' if count > 1 else ''} ({hostlib.isolation()}; "
+            + ", ".join(f"{g['InstanceGroupName']}: {g['InstanceCount']} x {g['InstanceType']}" for g in groups)
+            + f"), image -> {module or 'script mode (sagemaker_program with this Python)'}"
         )
         gpus = gpu_count()
         status.say(
@@ -102,7 +104,7 @@ class TrainingJob:
             + (
                 f"{gpus} process(es) per host"
                 if gpus
-                else f"one process per host on CPU (a {job['ResourceConfig']['InstanceType']} has GPUs on SageMaker)"
+                else f"one process per host on CPU (a {groups[0]['InstanceType']} has GPUs on SageMaker)"
             )
         )
 

@@ -21,9 +21,10 @@ class Channel:
     """A channel downloaded once; the hosts that receive it link or copy from ``folder``."""
 
     name: str
+    request: dict  # the channel in InputDataConfig
     folder: Path
     files: list[Path]
-    sharded: bool  # S3DistributionType ShardedByS3Key: each receiving host gets every n-th file
+    sharded: bool  # S3DataDistributionType ShardedByS3Key: each receiving host gets every n-th file
 
 
 def get_object(aws, bucket: str, key: str, what: str) -> bytes:
@@ -110,6 +111,6 @@ def download_channels(aws, job: dict, target: Path, say) -> list[Channel]:
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_bytes(get_object(aws, bucket, key, what=f"channel '{channel['ChannelName']}'"))
         files = sorted(p for p in folder.rglob("*") if p.is_file())
-        sharded = source.get("S3DistributionType") == "ShardedByS3Key"
-        channels.append(Channel(channel["ChannelName"], folder, files, sharded))
+        sharded = source.get("S3DataDistributionType") == "ShardedByS3Key"
+        channels.append(Channel(channel["ChannelName"], channel, folder, files, sharded))
     return channels

@@ -6,6 +6,8 @@
                   SIGTERM it saves the step it is in and exits 0 (where the signal reaches it)
 --mode allreduce  torch.distributed (gloo) all-reduce of rank+1 over every process
 --mode fail       writes a failure reason and exits 1 (on the host given by --fail_host)
+--mode groups     prints one line ``groups {...}``: the host's instance-group environment and the
+                  files of each channel it received
 """
 
 import argparse
@@ -88,3 +90,14 @@ elif args.mode == "fail":
         with open(failure_file, "w") as f:
             f.write("the fixture failed on purpose: --mode fail")
         sys.exit(1)
+
+elif args.mode == "groups":
+    names = ("SM_CURRENT_HOST", "SM_CURRENT_INSTANCE_TYPE", "SM_CURRENT_INSTANCE_GROUP",
+             "SM_CURRENT_INSTANCE_GROUP_HOSTS", "SM_INSTANCE_GROUPS", "SM_INSTANCE_GROUPS_DICT", "SM_HOSTS",
+             "SM_IS_HETERO", "SM_CHANNELS")
+    seen = {name: os.environ.get(name) for name in names}
+    seen["files"] = {
+        channel: sorted(os.listdir(os.environ[f"SM_CHANNEL_{channel.upper()}"]))
+        for channel in json.loads(os.environ["SM_CHANNELS"])
+    }
+    print("groups " + json.dumps(seen), flush=True)
