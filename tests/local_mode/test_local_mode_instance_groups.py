@@ -6,7 +6,9 @@ and only the channels assigned to its group (``InstanceGroupNames``), sharded ov
 
 from __future__ import annotations
 
+import io
 import json
+import tarfile
 
 import pytest
 from sagemaker.inputs import TrainingInput
@@ -66,3 +68,34 @@ def test_two_instance_groups_give_each_host_its_group_and_its_channels(local_ses
     assert by_host[learner[0]]["files"] == {"shared": ["prompts.jsonl"]}  # "tests" goes to the judges only
     assert by_host[judges[0]]["files"] == {"shared": ["prompts.jsonl"], "tests": ["t0.json", "t2.json"]}
     assert by_host[judges[1]]["files"] == {"shared": ["prompts.jsonl"], "tests": ["t1.json", "t3.json"]}
+
+
+@pytest.mark.parametrize(
+    "hyperparameters, judge_rank",
+    [({}, "0"), ({"sagemaker_distribution_instance_groups": ["learner"]}, "None")],
+    ids=["distribution-only", "distribution-groups-as-hyperparameter"],
+)
+def test_torch_distributed_spans_one_group(local_session, role, fixture_code, hyperparameters, judge_rank):
+    """torchrun never spans two groups. The SDK's PyTorch estimator drops ``distribution["instance_groups"]``
+    for torch_distributed (it sends no ``sagemaker_distribution_instance_groups``), so the toolkit
+    falls back to each host's own group: the judge runs a torchrun world of its own (RANK=0). Sent as
+    a hyperparameter, the group list keeps the judge out of torchrun (the toolkit's ProcessRunner)."""
+    learner = InstanceGroup("learner", "ml.p5.48xlarge", 2)
+    estimator = PyTorch(
+        entry_point="fixture_train.py", source_dir=str(fixture_code), role=role,
+        instance_groups=[learner, InstanceGroup("judge", "ml.c7i.16xlarge", 1)],
+        distribution={"torch_distributed": {"enabled": True}, "instance_groups": [learner]},
+        framework_version="2.8.0", py_version="py312", sagemaker_session=local_session,
+        hyperparameters={"mode": "allreduce", "judge_group": "judge", **hyperparameters},
+    )  # fmt: skip
+    estimator.fit(job_name="fixture-groups-torchrun", logs=False)
+
+    model = estimator.model_data
+    bucket, key = model[len("s3://"):].split("/", 1)
+    body = local_session.boto_session.client("s3").get_object(Bucket=bucket, Key=key)["Body"].read()
+    with tarfile.open(fileobj=io.BytesIO(body)) as tar:
+        result = json.loads(tar.extractfile("allreduce.json").read())
+    assert result["world_size"] == 2 and result["sum"] == 3.0  # the two learners, not the judge
+    logs = LogReader(local_session.boto_session.client("logs"), "fixture-groups-torchrun")
+    judges = [m for _, m in logs.read() if m.startswith("judge host=")]
+    assert len(judges) == 1 and judges[0].endswith(f"torchrun_rank={judge_rank}")

@@ -4,7 +4,8 @@
                   --checkpoint_every steps in /opt/ml/checkpoints (written before the step's line),
                   the data line count, the final step and the resume step in the model dir; on
                   SIGTERM it saves the step it is in and exits 0 (where the signal reaches it)
---mode allreduce  torch.distributed (gloo) all-reduce of rank+1 over every process
+--mode allreduce  torch.distributed (gloo) all-reduce of rank+1 over every process; the hosts of
+                  --judge_group (an instance group outside the distribution) print a line instead
 --mode fail       writes a failure reason and exits 1 (on the host given by --fail_host)
 --mode groups     prints one line ``groups {...}``: the host's instance-group environment and the
                   files of each channel it received
@@ -23,6 +24,7 @@ parser.add_argument("--steps", type=int, default=3)
 parser.add_argument("--step_seconds", type=float, default=0.0)
 parser.add_argument("--fail_host", default="")
 parser.add_argument("--checkpoint_every", type=int, default=1)
+parser.add_argument("--judge_group", default="")
 args = parser.parse_args()
 
 print(f"fixture started mode={args.mode} host={os.environ.get('SM_CURRENT_HOST')}", flush=True)
@@ -58,6 +60,9 @@ if args.mode == "steps":
     os.makedirs(os.environ["SM_OUTPUT_DATA_DIR"], exist_ok=True)
     with open(os.path.join(os.environ["SM_OUTPUT_DATA_DIR"], "metrics.jsonl"), "w") as f:
         f.write(json.dumps({"step": args.steps}) + "\n")
+
+elif args.mode == "allreduce" and os.environ.get("SM_CURRENT_INSTANCE_GROUP") == args.judge_group:
+    print(f"judge host={os.environ['SM_CURRENT_HOST']} torchrun_rank={os.environ.get('RANK')}", flush=True)
 
 elif args.mode == "allreduce":
     import torch
