@@ -72,6 +72,8 @@ class TrainingJob:
                 self.status.finish(self._outcome())  # before the lock goes: the next job waits for it
         except JobEnded as ended:  # stopped while waiting for the machine
             self.status.finish(ended.outcome)
+        except Exception as error:  # the lock itself failed
+            self.status.finish(self._local_mode_failed(error))
         finally:
             RUNNING.pop(self.name, None)
 
@@ -80,10 +82,14 @@ class TrainingJob:
             return self._run()
         except JobEnded as ended:
             return ended.outcome
-        except Exception as error:  # a bug or an environment problem: the job must still end
-            self.status.say("local mode failed while running the job:\n" + traceback.format_exc())
-            self._supervisor.terminate(PEER_GRACE_SECONDS)
-            return Outcome("Failed", f"ClientError: local mode could not run the job: {error!r}")
+        except Exception as error:
+            return self._local_mode_failed(error)
+
+    def _local_mode_failed(self, error: Exception) -> Outcome:
+        """A bug or an environment problem: the job must still end, and its hosts with it."""
+        self.status.say("local mode failed while running the job:\n" + traceback.format_exc())
+        self._supervisor.terminate(PEER_GRACE_SECONDS)
+        return Outcome("Failed", f"ClientError: local mode could not run the job: {error!r}")
 
     def _run(self) -> Outcome:
         job, status = self.job, self.status
