@@ -45,9 +45,9 @@ def process_identity(pid: int | None = None) -> dict:
 
 
 def is_same_process(identity: dict) -> bool:
-    """Whether the process ``process_identity`` described is still running."""
+    """Whether the process ``process_identity`` described (its pid and start time) still runs."""
     try:
-        return process_identity(identity["pid"]) == identity
+        return process_identity(identity["pid"])["started"] == identity["started"]
     except (psutil.Error, KeyError, TypeError, ValueError):
         return False
 

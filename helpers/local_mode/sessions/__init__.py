@@ -127,7 +127,7 @@ def running_endpoint(root: str | os.PathLike | None = None) -> Endpoint | None:
     root = Path(root).expanduser() if root else local_root()
     try:
         info = json.loads(_info_path(root).read_text())
-        if not is_same_process({"pid": info["pid"], "started": info["started"]}):
+        if not is_same_process(info):
             return None
     except (OSError, ValueError, KeyError):
         return None
