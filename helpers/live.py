@@ -16,6 +16,8 @@ import os
 import time
 from dataclasses import dataclass, field
 
+from sagemaker.logs import Position, log_stream
+
 from helpers.errors import explain_failure
 from helpers.metrics import latest, parse_metric_line
 
@@ -47,11 +49,15 @@ class JobResult:
 
 
 class LogReader:
-    """Reads every log stream of a job from the start, remembering where each stream was left."""
+    """Reads every log stream of a job from the start, remembering where each stream was left.
+
+    Each stream is read with the SDK's ``sagemaker.logs.log_stream`` (what ``logs_for_job`` uses),
+    from the (timestamp, events already seen at it) position ``logs_for_job`` keeps too.
+    """
 
     def __init__(self, logs_client, job_name: str):
         self.client, self.job_name = logs_client, job_name
-        self.tokens: dict[str, str | None] = {}
+        self.positions: dict[str, Position] = {}
 
     def _streams(self) -> list[str]:
         try:
@@ -65,17 +71,12 @@ class LogReader:
         """New (stream, message) pairs since the last call."""
         new = []
         for stream in self._streams():
-            while True:
-                kwargs = dict(logGroupName=LOG_GROUP, logStreamName=stream, startFromHead=True)
-                if self.tokens.get(stream):
-                    kwargs["nextToken"] = self.tokens[stream]
-                response = self.client.get_log_events(**kwargs)
-                new.extend((stream, event["message"]) for event in response.get("events", []))
-                token = response.get("nextForwardToken")
-                if token == self.tokens.get(stream) or not response.get("events"):
-                    self.tokens[stream] = token
-                    break
-                self.tokens[stream] = token
+            position = self.positions.get(stream, Position(timestamp=0, skip=0))
+            for event in log_stream(self.client, LOG_GROUP, stream, position.timestamp, position.skip):
+                new.append((stream, event["message"]))
+                seen_at_timestamp = position.skip + 1 if event["timestamp"] == position.timestamp else 1
+                position = Position(timestamp=event["timestamp"], skip=seen_at_timestamp)
+            self.positions[stream] = position
         return new
 
 

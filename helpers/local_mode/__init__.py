@@ -2,7 +2,7 @@
 
 ``activate()`` returns a boto3 session on which every SageMaker call is answered by local
 handlers (api.py) and S3/STS/Logs/CloudWatch by moto (aws.py); jobs run the real
-``sagemaker-training`` toolkit, one process per host (runner.py, hosts.py). State lives under
+``sagemaker-training`` toolkit, one process per host (runner.py and the modules it names). State lives under
 ``$SAGEMAKER_LOCAL_ROOT`` (default ``~/.sagemaker-local``, storage.py). Notebooks reach this
 through ``helpers.session.make_session(run_mode="local")``.
 """
@@ -15,10 +15,10 @@ from pathlib import Path
 
 import boto3
 
-from . import hosts, runner
+from . import processes, runner, warm_start_client
 from .api import ACCOUNT_ID, SageMakerAPI
 from .aws import LocalAWS, say
-from .runner import NOMINAL_SPOT_DISCOUNT
+from .job_status import NOMINAL_SPOT_DISCOUNT
 from .storage import local_root
 
 __all__ = [
@@ -53,7 +53,7 @@ def activate(region: str = "us-east-1", root: str | os.PathLike | None = None) -
     _active = LocalAWS(root, region)
     _active.botocore_session.register("before-call.sagemaker", SageMakerAPI(_active))
     boto3.DEFAULT_SESSION = _active.session
-    hosts.warm_up()
+    warm_start_client.warm_up()
     return _active.session
 
 
@@ -71,7 +71,7 @@ def deactivate() -> None:
     for job in list(runner.RUNNING.values()):
         job.stop()
     for job in list(runner.RUNNING.values()):
-        job.join(timeout=runner.stop_grace_seconds(True) + 10)
+        job.join(timeout=processes.stop_grace_seconds(True) + 10)
     if _active is not None:
         _active.stop()  # restores boto3.DEFAULT_SESSION as it was
         _active = None

@@ -16,20 +16,16 @@ Two layouts, chosen once per process and said in the live log:
 
 from __future__ import annotations
 
-import itertools
 import json
 import os
-import queue
 import shutil
-import signal
 import subprocess
 import sys
-import threading
-import time
 from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
 
+PYTORCH_TRAINING_MODULE = "sagemaker_pytorch_container.training:main"
 NAMESPACES = "mount namespaces"
 LOOPBACK = "loopback addresses"
 
@@ -62,11 +58,16 @@ def isolation() -> str:
     return NAMESPACES if probe.returncode == 0 else LOOPBACK
 
 
+HOMOGENEOUS_GROUP = "homogeneousCluster"  # the group name SageMaker gives a job without InstanceGroups
+
+
 @dataclass
 class Host:
     name: str  # algo-i: log stream names and messages
     address: str  # what the toolkit sees as the host name (algo-i, or 127.0.0.i in LOOPBACK)
     tree: Path  # this host's /opt/ml
+    group: str = HOMOGENEOUS_GROUP  # its instance group
+    instance_type: str = ""
     checkpoints: Path | None = None  # the real folder behind CheckpointConfig.LocalPath
     synced: dict = field(default_factory=dict)  # checkpoint file -> (size, mtime) last uploaded
 
@@ -80,12 +81,27 @@ class Host:
         return self.tree / os.path.relpath(opt_ml_path, "/opt/ml")
 
 
-def make_hosts(run_dir: Path, count: int) -> list[Host]:
+def instance_groups(resources: dict) -> list[dict]:
+    """``ResourceConfig.InstanceGroups``, or the one group SageMaker makes of InstanceType/InstanceCount."""
+    if "InstanceGroups" in resources:
+        return resources["InstanceGroups"]
+    return [
+        {
+            "InstanceGroupName": HOMOGENEOUS_GROUP,
+            "InstanceType": resources["InstanceType"],
+            "InstanceCount": resources["InstanceCount"],
+        }
+    ]
+
+
+def make_hosts(run_dir: Path, groups: list[dict]) -> list[Host]:
+    """algo-1..algo-N over the groups in their order: the first group's hosts come first."""
     mode = isolation()
+    members = [(g["InstanceGroupName"], g["InstanceType"]) for g in groups for _ in range(g["InstanceCount"])]
     hosts = []
-    for i in range(1, count + 1):
+    for i, (group, instance_type) in enumerate(members, start=1):
         address = f"algo-{i}" if mode == NAMESPACES else f"127.0.0.{i}"
-        hosts.append(Host(f"algo-{i}", address, run_dir / f"algo-{i}" / "opt" / "ml"))
+        hosts.append(Host(f"algo-{i}", address, run_dir / f"algo-{i}" / "opt" / "ml", group, instance_type))
     if mode == NAMESPACES:
         system_hosts = Path("/etc/hosts").read_text() if Path("/etc/hosts").exists() else ""
         names = " ".join(h.name for h in hosts)
@@ -93,20 +109,35 @@ def make_hosts(run_dir: Path, count: int) -> list[Host]:
     return hosts
 
 
+def receives(host: Host, channel: dict) -> bool:
+    """Whether a channel reaches the host: ``InstanceGroupNames`` limits it to those groups."""
+    groups = channel["DataSource"]["S3DataSource"].get("InstanceGroupNames")
+    return not groups or host.group in groups
+
+
 def write_config(host: Host, hosts: list[Host], request: dict, hyperparameters: dict) -> None:
-    """input/config/*.json exactly as SageMaker writes them (network interface: loopback)."""
+    """input/config/*.json exactly as SageMaker writes them (network interface: loopback).
+
+    The toolkit derives SM_CURRENT_INSTANCE_GROUP, SM_CURRENT_INSTANCE_GROUP_HOSTS,
+    SM_INSTANCE_GROUPS and SM_INSTANCE_GROUPS_DICT from resourceconfig.json's
+    ``current_group_name`` and ``instance_groups``.
+    """
     config = host.tree / "input" / "config"
     config.mkdir(parents=True, exist_ok=True)
-    instance_type = request["ResourceConfig"]["InstanceType"]
-    addresses = [h.address for h in hosts]
+    groups = [
+        {
+            "instance_group_name": group["InstanceGroupName"],
+            "instance_type": group["InstanceType"],
+            "hosts": [h.address for h in hosts if h.group == group["InstanceGroupName"]],
+        }
+        for group in instance_groups(request["ResourceConfig"])
+    ]
     resource = {
         "current_host": host.address,
-        "current_instance_type": instance_type,
-        "current_group_name": "homogeneousCluster",
-        "hosts": addresses,
-        "instance_groups": [
-            {"instance_group_name": "homogeneousCluster", "instance_type": instance_type, "hosts": addresses}
-        ],
+        "current_instance_type": host.instance_type,
+        "current_group_name": host.group,
+        "hosts": [h.address for h in hosts],
+        "instance_groups": groups,
         "network_interface_name": "lo",
     }
     channels = {
@@ -115,18 +146,28 @@ def write_config(host: Host, hosts: list[Host], request: dict, hyperparameters: 
                 "InputMode", request["AlgorithmSpecification"].get("TrainingInputMode", "File")
             ),
             "S3DistributionType": c["DataSource"]["S3DataSource"].get(
-                "S3DistributionType", "FullyReplicated"
+                "S3DataDistributionType", "FullyReplicated"
             ),
             "RecordWrapperType": c.get("RecordWrapperType", "None"),
             **({"ContentType": c["ContentType"]} if "ContentType" in c else {}),
         }
         for c in request.get("InputDataConfig", [])
+        if receives(host, c)
     }
     (config / "hyperparameters.json").write_text(json.dumps(hyperparameters))
     (config / "resourceconfig.json").write_text(json.dumps(resource))
     (config / "inputdataconfig.json").write_text(json.dumps(channels))
     for sub in ("model", "output/data", "code", "input/data"):
         (host.tree / sub).mkdir(parents=True, exist_ok=True)
+
+
+def container_entrypoint(job: dict) -> list[str] | None:
+    """The request's ContainerEntrypoint + ContainerArguments: they replace the image's entry point
+    (the toolkit), as in SageMaker."""
+    algorithm = job["AlgorithmSpecification"]
+    if not algorithm.get("ContainerEntrypoint"):
+        return None
+    return [*algorithm["ContainerEntrypoint"], *algorithm.get("ContainerArguments", [])]
 
 
 def host_command(host: Host, run_dir: Path, entrypoint: list[str] | None = None) -> list[str]:
@@ -178,167 +219,43 @@ def link_or_copy_tree(src: Path, dst: Path) -> None:
             shutil.copy2(path, target)
 
 
-# ---- starting a host ---------------------------------------------------------------------------
-class _WarmStarter:
-    """The warm_start.py server of this process (torch imported once, a fork per host)."""
+def training_module_for(image: str) -> str | None:
+    """The framework module the image's SAGEMAKER_TRAINING_MODULE names.
 
-    def __init__(self):
-        env = {k: v for k, v in os.environ.items() if not k.startswith(("SM_", "SAGEMAKER_BASE_DIR"))}
-        command = [sys.executable, "-u", "-P", str(Path(__file__).with_name("warm_start.py"))]
-        if isolation() == NAMESPACES:
-            command.append("--preload-toolkit")
-        self._server = subprocess.Popen(
-            command,
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            env=env,
-            start_new_session=True,
-        )
-        self._ids = itertools.count()
-        self._started: dict[int, queue.Queue] = {}
-        self._exits: dict[int, int] = {}
-        self._lock = threading.Lock()
-        threading.Thread(target=self._read_replies, name="local-mode-warm-start", daemon=True).start()
-
-    def alive(self) -> bool:
-        return self._server.poll() is None
-
-    def _read_replies(self) -> None:
-        for line in self._server.stdout:
-            message = json.loads(line)
-            if "exited" in message:
-                with self._lock:
-                    self._exits[message["exited"]] = message["code"]
-            else:
-                self._started[message["id"]].put(message["pid"])
-        with self._lock:  # the server died: its children were re-parented and cannot report
-            self._exits = _ExitedUnknown(self._exits)
-
-    def start(self, env: dict, cwd: Path, output: Path, namespace: list[str] | None) -> WarmHostProcess:
-        request_id = next(self._ids)
-        self._started[request_id] = queue.Queue()
-        request = {
-            "id": request_id,
-            "env": env,
-            "cwd": str(cwd),
-            "output": str(output),
-            "namespace": namespace,
-        }
-        self._server.stdin.write((json.dumps(request) + "\n").encode())
-        self._server.stdin.flush()
-        try:
-            # The first request waits for the server to import torch: generous on a loaded machine.
-            deadline = time.time() + 300
-            while True:
-                try:
-                    pid = self._started[request_id].get(timeout=0.5)
-                    break
-                except queue.Empty:
-                    if not self.alive():
-                        raise OSError("the warm start server exited") from None
-                    if time.time() > deadline:
-                        self.close()  # a late fork must not start a second copy of this host
-                        raise OSError("the warm start server did not answer in 300 s") from None
-        finally:
-            del self._started[request_id]
-        return WarmHostProcess(self, pid, output)
-
-    def close(self) -> None:
-        """Stop the server (and whatever it forked that is still in its process group)."""
-        try:
-            os.killpg(self._server.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        self._server.wait()
-
-    def exit_code(self, pid: int) -> int | None:
-        with self._lock:
-            return self._exits.get(pid)
+    PyTorch and Hugging Face DLCs run ``sagemaker_pytorch_container.training:main`` (torchrun,
+    DDP, ...). Any other image runs in plain script mode: the toolkit starts ``sagemaker_program``
+    with the environment's Python, which is what script-mode framework images do too.
+    """
+    name = image.rsplit("/", 1)[-1]
+    if "pytorch" in name or "huggingface" in name:
+        return PYTORCH_TRAINING_MODULE
+    return None
 
 
-class _ExitedUnknown(dict):
-    """After the server died every host counts as killed."""
-
-    def get(self, pid, default=None):
-        return super().get(pid, -9)
-
-
-class WarmHostProcess:
-    """What the runner needs of a Popen, for a host forked by the warm server."""
-
-    def __init__(self, starter: _WarmStarter, pid: int, output: Path):
-        self._starter, self.pid, self._output = starter, pid, output
-        self._stdout = None
-
-    @property
-    def stdout(self):
-        if self._stdout is None:
-            self._stdout = open(self._output, "rb")  # noqa: SIM115  blocks until the host opens its end
-        return self._stdout
-
-    def poll(self) -> int | None:
-        code = self._starter.exit_code(self.pid)
-        if code is not None and self._stdout is None:
-            self._release_reader()
-        return code
-
-    def _release_reader(self) -> None:
-        """A host that died before opening its output would leave the reader waiting: open and close
-        the writing end once so that the reader sees the end of the output."""
-        try:
-            os.close(os.open(self._output, os.O_WRONLY | os.O_NONBLOCK))
-        except OSError:
-            pass  # no reader waiting
-
-    def wait(self) -> int:
-        while (code := self.poll()) is None:
-            time.sleep(0.05)
-        return code
-
-
-_warm: _WarmStarter | None = None
-_warm_lock = threading.Lock()
-
-
-def warm_up() -> None:
-    """Start the warm server early (it imports torch in the background) so the first job is quick."""
-    _warm_starter()
-
-
-def _warm_starter() -> _WarmStarter | None:
-    """The warm server, started on first use; None where it cannot run (then: plain processes)."""
-    global _warm
-    if os.environ.get("SAGEMAKER_LOCAL_WARM_START", "1") == "0":
-        return None
-    with _warm_lock:
-        if _warm is None or not _warm.alive():
-            try:
-                _warm = _WarmStarter()
-            except OSError:
-                return None
-        return _warm
-
-
-def start_host(host: Host, run_dir: Path, env: dict[str, str], entrypoint: list[str] | None = None):
-    """Start the toolkit for one host: forked warm when possible, else a fresh process. A request's
-    own ``entrypoint`` always runs as a fresh process (the warm server forks the toolkit only)."""
-    starter = _warm_starter() if entrypoint is None else None
-    if starter is not None:
-        output = run_dir / f"{host.name}.output"
-        os.mkfifo(output)
-        namespace = (
-            [str(run_dir / "etc_hosts"), str(host.tree), host.name] if isolation() == NAMESPACES else None
-        )
-        try:
-            return starter.start(env, host.tree, output, namespace)
-        except OSError:
-            output.unlink()  # the server is gone (it could not import torch?): a plain process instead
-    return subprocess.Popen(
-        host_command(host, run_dir, entrypoint),
-        env=env,
-        cwd=host.tree,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        stdin=subprocess.DEVNULL,
-        start_new_session=True,  # its own process group: stopping reaches torchrun's workers
-    )
+def lay_out_hosts(run_dir: Path, job: dict, code_dir: Path | None, channels) -> list[Host]:
+    """A fresh /opt/ml tree per host in ``run_dir``: config, code, channels, checkpoint folder."""
+    if run_dir.exists():
+        shutil.rmtree(run_dir)
+    run_dir.mkdir(parents=True)
+    hosts = make_hosts(run_dir, instance_groups(job["ResourceConfig"]))
+    for host in hosts:
+        hyperparameters = dict(job.get("HyperParameters", {}))
+        if code_dir is not None:
+            # The toolkit cannot reach this process's S3: it gets the code already in place.
+            hyperparameters["sagemaker_submit_directory"] = json.dumps(f"{host.base_dir}/code")
+            shutil.copytree(code_dir, host.tree / "code")
+        write_config(host, hosts, job, hyperparameters)
+        host.checkpoints = host.path(job.get("CheckpointConfig", {}).get("LocalPath", "/opt/ml/checkpoints"))
+        host.checkpoints.mkdir(parents=True, exist_ok=True)
+    for channel in channels:  # staging.Channel
+        receivers = [h for h in hosts if receives(h, channel.request)]
+        for index, host in enumerate(receivers):
+            destination = host.tree / "input" / "data" / channel.name
+            if not channel.sharded:
+                link_or_copy_tree(channel.folder, destination)
+                continue
+            for path in channel.files[index :: len(receivers)]:  # ShardedByS3Key over the receiving hosts
+                target = destination / path.relative_to(channel.folder)
+                target.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(path, target)
+    return hosts

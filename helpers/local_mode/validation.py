@@ -47,24 +47,11 @@ def validate_create_training_job(request: dict) -> None:
 
     resources = request["ResourceConfig"]
     if "InstanceGroups" in resources:
-        raise ServiceError(
-            "ValidationException",
-            "Local mode runs homogeneous clusters only: use InstanceType and InstanceCount "
-            "instead of InstanceGroups (heterogeneous clusters run on SageMaker).",
-        )
-    allowed = _shape("TrainingInstanceType").enum
-    instance_type = resources.get("InstanceType")
-    if instance_type not in allowed:
-        raise _constraint_error(
-            instance_type,
-            "resourceConfig.instanceType",
-            f"Member must satisfy enum value set: [{', '.join(allowed)}]",
-        )
-    count = resources.get("InstanceCount", 0)
-    if count < 1:
-        raise _constraint_error(
-            count, "resourceConfig.instanceCount", "Member must have value greater than or equal to 1"
-        )
+        group_names = _check_instance_groups(resources)
+    else:
+        _check_instance_type(resources.get("InstanceType"), "resourceConfig.instanceType")
+        _check_instance_count(resources.get("InstanceCount", 0), "resourceConfig.instanceCount")
+        group_names = []
 
     stopping = request.get("StoppingCondition", {})
     if request.get("EnableManagedSpotTraining"):
@@ -103,6 +90,7 @@ def validate_create_training_job(request: dict) -> None:
                 f"Channel '{channel['ChannelName']}': local mode supports S3DataType 'S3Prefix' only, "
                 f"got '{s3.get('S3DataType')}'.",
             )
+        _check_channel_groups(channel["ChannelName"], s3.get("InstanceGroupNames"), group_names)
         if not s3["S3Uri"].startswith("s3://"):
             raise ServiceError(
                 "ValidationException",
@@ -114,4 +102,71 @@ def validate_create_training_job(request: dict) -> None:
             "ValidationException",
             f"CheckpointConfig.LocalPath '{local_path}': local mode supports checkpoint folders "
             "under /opt/ml/ (the default /opt/ml/checkpoints is the usual choice).",
+        )
+
+
+def _check_instance_type(instance_type, where: str) -> None:
+    allowed = _shape("TrainingInstanceType").enum
+    if instance_type not in allowed:
+        raise _constraint_error(instance_type, where, f"Member must satisfy enum value set: [{', '.join(allowed)}]")
+
+
+def _check_instance_count(count, where: str) -> None:
+    if count < 1:
+        raise _constraint_error(count, where, "Member must have value greater than or equal to 1")
+
+
+def _check_instance_groups(resources: dict) -> list[str]:
+    """A heterogeneous cluster: each group named once, with a valid type and at least one instance.
+    Returns the group names."""
+    if "InstanceType" in resources or "InstanceCount" in resources:
+        raise ServiceError(
+            "ValidationException",
+            "ResourceConfig cannot set InstanceType or InstanceCount together with InstanceGroups: give each "
+            "group's type and count in InstanceGroups only (the SDK: instance_groups= without "
+            "instance_type= and instance_count=).",
+        )
+    groups = resources["InstanceGroups"]
+    limit = _shape("InstanceGroups").metadata["max"]
+    if not 1 <= len(groups) <= limit:
+        raise _constraint_error(
+            f"[{len(groups)} groups]",
+            "resourceConfig.instanceGroups",
+            f"Member must have length greater than or equal to 1 and less than or equal to {limit}",
+        )
+    names = []
+    for number, group in enumerate(groups, start=1):
+        where = f"resourceConfig.instanceGroups.{number}.member"
+        name = group["InstanceGroupName"]
+        _check_pattern(name, "InstanceGroupName", f"{where}.instanceGroupName")
+        if len(name) > _shape("InstanceGroupName").metadata["max"]:
+            raise _constraint_error(name, f"{where}.instanceGroupName", "Member must have length less than or equal to 64")
+        if name in names:
+            raise ServiceError(
+                "ValidationException",
+                f"Instance group names must be unique within ResourceConfig.InstanceGroups: '{name}' is used "
+                f"by groups {names.index(name) + 1} and {number}. Give each group its own name.",
+            )
+        names.append(name)
+        _check_instance_type(group["InstanceType"], f"{where}.instanceType")
+        _check_instance_count(group["InstanceCount"], f"{where}.instanceCount")
+    return names
+
+
+def _check_channel_groups(channel: str, assigned: list[str] | None, group_names: list[str]) -> None:
+    """``S3DataSource.InstanceGroupNames`` may name only groups of the job's InstanceGroups."""
+    if not assigned:
+        return
+    if not group_names:
+        raise ServiceError(
+            "ValidationException",
+            f"Channel '{channel}' names instance groups {assigned} in InstanceGroupNames, but the job has no "
+            "ResourceConfig.InstanceGroups: define the groups, or remove InstanceGroupNames from the channel.",
+        )
+    unknown = [name for name in assigned if name not in group_names]
+    if unknown:
+        raise ServiceError(
+            "ValidationException",
+            f"Channel '{channel}' is assigned to instance group(s) {unknown} that ResourceConfig.InstanceGroups "
+            f"does not define (its groups: {group_names}). Name one of those groups in InstanceGroupNames.",
         )

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from types import SimpleNamespace
 
-from helpers.local_mode import runner
+from helpers.local_mode import checkpoints
 
 
 class _RecordingS3:
@@ -23,7 +23,6 @@ def _job_with_checkpoints(tmp_path: Path):
         job={"CheckpointConfig": {"S3Uri": "s3://bucket/run/checkpoints"}},
         aws=SimpleNamespace(s3=_RecordingS3()),
     )
-    job._checkpoint_prefix = runner.TrainingJob._checkpoint_prefix.__get__(job)
     return job, host
 
 
@@ -33,9 +32,9 @@ def test_a_checkpoint_removed_between_listing_and_reading_is_skipped(tmp_path, m
     kept.parent.mkdir()
     kept.write_bytes(b"weights")
     rotated = host.checkpoints / "step_00000008" / "model.pt"  # listed, then deleted by the script
-    monkeypatch.setattr(runner, "_files_under", lambda folder: [rotated, kept])
+    monkeypatch.setattr(checkpoints, "files_under", lambda folder: [rotated, kept])
 
-    runner.TrainingJob._sync_checkpoints(job, [host])
+    checkpoints.sync(job.aws, job.job, [host])
 
     assert job.aws.s3.objects == {("bucket", "run/checkpoints/step_00000012/model.pt"): b"weights"}
     assert set(host.synced) == {kept}
@@ -46,5 +45,5 @@ def test_files_under_lists_nested_files_and_survives_a_missing_folder(tmp_path):
     (tmp_path / "a" / "b" / "x.bin").write_bytes(b"1")
     (tmp_path / "y.json").write_text("{}")
 
-    assert runner._files_under(tmp_path) == [tmp_path / "a" / "b" / "x.bin", tmp_path / "y.json"]
-    assert runner._files_under(tmp_path / "gone") == []
+    assert checkpoints.files_under(tmp_path) == [tmp_path / "a" / "b" / "x.bin", tmp_path / "y.json"]
+    assert checkpoints.files_under(tmp_path / "gone") == []

@@ -68,3 +68,56 @@ def test_name_in_use_and_unknown_job(local_session, fixture_code, role):
         client.describe_training_job(TrainingJobName="fixture-never-created")
     with pytest.raises(ClientError, match="needs SageMaker"):
         client.list_endpoints()
+
+
+GROUPS = [
+    {"InstanceGroupName": "learner", "InstanceType": "ml.p5.48xlarge", "InstanceCount": 1},
+    {"InstanceGroupName": "judge", "InstanceType": "ml.c7i.16xlarge", "InstanceCount": 2},
+]
+
+
+def groups(*changes: dict) -> list[dict]:
+    """GROUPS with the i-th group updated by the i-th change."""
+    return [{**group, **change} for group, change in zip(GROUPS, changes + ({},) * len(GROUPS), strict=False)]
+
+
+def channel(**s3) -> dict:
+    source = {"S3DataType": "S3Prefix", "S3Uri": "s3://sagemaker-us-east-1-123456789012/data", **s3}
+    return {"ChannelName": "tests", "DataSource": {"S3DataSource": source}}
+
+
+@pytest.mark.parametrize(
+    "changes, message",
+    [
+        (dict(ResourceConfig={"InstanceType": "ml.p5.48xlarge", "InstanceGroups": GROUPS, "VolumeSizeInGB": 10}),
+         "cannot set InstanceType or InstanceCount together with InstanceGroups"),
+        (dict(ResourceConfig={"InstanceCount": 3, "InstanceGroups": GROUPS, "VolumeSizeInGB": 10}),
+         "cannot set InstanceType or InstanceCount together with InstanceGroups"),
+        (dict(ResourceConfig={"InstanceGroups": groups({}, {"InstanceGroupName": "learner"}), "VolumeSizeInGB": 10}),
+         "Instance group names must be unique within ResourceConfig.InstanceGroups: 'learner' is used by groups 1 and 2"),
+        (dict(ResourceConfig={"InstanceGroups": groups({"InstanceGroupName": "two\nlines"}), "VolumeSizeInGB": 10}),
+         "at 'resourceConfig.instanceGroups.1.member.instanceGroupName' failed to satisfy constraint"),
+        (dict(ResourceConfig={"InstanceGroups": groups({}, {"InstanceCount": 0}), "VolumeSizeInGB": 10}),
+         "Value '0' at 'resourceConfig.instanceGroups.2.member.instanceCount' failed to satisfy constraint: "
+         "Member must have value greater than or equal to 1"),
+        (dict(ResourceConfig={"InstanceGroups": groups({"InstanceType": "ml.c7i.huge"}), "VolumeSizeInGB": 10}),
+         "Value 'ml.c7i.huge' at 'resourceConfig.instanceGroups.1.member.instanceType' failed to satisfy constraint"),
+        (dict(ResourceConfig={"InstanceGroups": groups() * 3, "VolumeSizeInGB": 10}),
+         "at 'resourceConfig.instanceGroups' failed to satisfy constraint: Member must have length"),
+        (dict(ResourceConfig={"InstanceGroups": GROUPS, "VolumeSizeInGB": 10},
+              InputDataConfig=[channel(InstanceGroupNames=["judges"])]),
+         "Channel 'tests' is assigned to instance group(s) ['judges'] that ResourceConfig.InstanceGroups does not define"),
+        (dict(InputDataConfig=[channel(InstanceGroupNames=["judge"])]),
+         "Channel 'tests' names instance groups ['judge'] in InstanceGroupNames, but the job has no "
+         "ResourceConfig.InstanceGroups"),
+    ],
+    ids=["groups-and-type", "groups-and-count", "duplicate-name", "bad-name", "count-zero", "group-type",
+         "six-groups", "channel-unknown-group", "channel-groups-without-groups"],
+)  # fmt: skip
+def test_instance_group_rejections(local_session, changes, message):
+    client = boto3.client("sagemaker")
+    with pytest.raises(ClientError) as raised:
+        client.create_training_job(**request(**changes))
+    assert raised.value.response["Error"]["Code"] == "ValidationException"
+    assert message in raised.value.response["Error"]["Message"]
+    assert client.list_training_jobs()["TrainingJobSummaries"] == []

@@ -53,9 +53,9 @@ def test_unknown_run_mode():
 def test_warm_start_server_can_be_closed_with_what_it_forked():
     """A server that stopped answering is closed before a plain process replaces it, so a late fork
     cannot start a second copy of the host."""
-    from helpers.local_mode import hosts
+    from helpers.local_mode import warm_start_client
 
-    starter = hosts._WarmStarter()
+    starter = warm_start_client.WarmStarter()
     assert starter.alive()
     starter.close()
     assert not starter.alive()

@@ -219,19 +219,20 @@ class _FakeLogs:
             pass
 
     def __init__(self, batches):
-        self.batches = batches  # one list of messages per describe_log_streams call
+        self.batches = batches  # the messages each describe_log_streams call finds newly logged
         self.calls = 0
-        self.pending: list[str] = []
+        self.events: list[dict] = []  # every event so far, kept as CloudWatch keeps them
 
     def describe_log_streams(self, **_):
         if self.calls < len(self.batches):
-            self.pending = self.batches[self.calls]
+            self.events += [{"timestamp": len(self.events), "message": m} for m in self.batches[self.calls]]
         self.calls += 1
         return {"logStreams": [{"logStreamName": "job/algo-1-1"}]}
 
-    def get_log_events(self, **_):
-        events, self.pending = [{"message": m} for m in self.pending], []
-        return {"events": events, "nextForwardToken": f"t{self.calls}"}
+    def get_log_events(self, startTime=0, nextToken=None, **_):  # noqa: N803 (boto3's argument names)
+        if nextToken is not None:  # one page holds them all
+            return {"events": [], "nextForwardToken": nextToken}
+        return {"events": [e for e in self.events if e["timestamp"] >= startTime], "nextForwardToken": "f/end"}
 
 
 class _FakeSession:

@@ -26,6 +26,7 @@ from pathlib import Path
 
 import psutil
 
+from ..os_utils import is_same_process, process_identity
 from ..storage import _atomic_write, local_root
 
 TINY_MODEL_ID = "local/tiny-qwen2"
@@ -130,9 +131,9 @@ def running_endpoint(root: str | os.PathLike | None = None) -> Endpoint | None:
     root = Path(root).expanduser() if root else local_root()
     try:
         info = json.loads(_info_path(root).read_text())
-        if psutil.Process(info["pid"]).create_time() != info["started"]:
+        if not is_same_process(info):
             return None
-    except (OSError, ValueError, KeyError, psutil.Error):
+    except (OSError, ValueError, KeyError):
         return None
     return Endpoint(f"http://127.0.0.1:{info['port']}", info["pid"], root, info["region"])
 
@@ -189,7 +190,7 @@ def start_service(
         time.sleep(0.05)
     info = json.loads(ready.read_text())
     ready.unlink()
-    info["started"] = psutil.Process(process.pid).create_time()
+    info["started"] = process_identity(process.pid)["started"]
     _atomic_write(_info_path(root), json.dumps(info).encode())
     return Endpoint(f"http://127.0.0.1:{info['port']}", process.pid, root, region)
 

@@ -24,9 +24,9 @@ import time
 import uuid
 from pathlib import Path
 
-import psutil
-
+from ...artifacts import split_s3
 from ..api import ACCOUNT_ID
+from ..os_utils import process_identity
 from ..storage import _atomic_write
 from ..validation import ServiceError
 from . import engine as engine_module
@@ -40,17 +40,6 @@ IDLE_TIMEOUT_SECONDS = float(os.environ.get("SAGEMAKER_LOCAL_SESSION_IDLE_TIMEOU
 
 def not_found(message: str) -> ServiceError:
     return ServiceError("ResourceNotFound", message)
-
-
-def _process_identity() -> dict:
-    process = psutil.Process()
-    return {"pid": process.pid, "started": process.create_time()}
-
-
-def _split_s3(uri: str) -> tuple[str, str]:
-    rest = uri.split("://", 1)[1]
-    bucket, _, key = rest.partition("/")
-    return bucket, key.rstrip("/")
 
 
 class Operation:
@@ -197,7 +186,7 @@ class SessionService:
             (self.root / sub).mkdir(parents=True, exist_ok=True)
         self.live: dict[str, LiveSession] = {}
         self.lock = threading.RLock()
-        self.identity = _process_identity()
+        self.identity = process_identity()
         self._adapters: dict[str, dict] = {}
         self._fail_orphans()
         threading.Thread(target=self._expire_idle, name="session-expiry", daemon=True).start()
@@ -688,7 +677,7 @@ class SessionService:
         base = live.detail["OutputConfig"]["S3Location"]["Path"].rstrip("/")
         folder = "checkpoints" if checkpoint else "weights"
         prefix = f"{base}/{folder}/{uuid.uuid4().hex[:8]}"  # the SDK's default path already names the session
-        bucket, key = _split_s3(prefix)
+        bucket, key = split_s3(prefix)
         self._ensure_bucket(bucket)
         with tempfile.TemporaryDirectory() as tmp:
             live.engine.model.save_pretrained(
@@ -716,7 +705,7 @@ class SessionService:
 
     def _read(self, package: dict, name: str) -> bytes:
         uri = package["InferenceSpecification"]["Containers"][0]["ModelDataSource"]["S3DataSource"]["S3Uri"]
-        bucket, key = _split_s3(uri)
+        bucket, key = split_s3(uri.rstrip("/"))
         try:
             return self.aws.s3.get_object(Bucket=bucket, Key=f"{key}/{name}")["Body"].read()
         except Exception:  # noqa: BLE001

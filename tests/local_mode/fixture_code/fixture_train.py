@@ -4,8 +4,11 @@
                   --checkpoint_every steps in /opt/ml/checkpoints (written before the step's line),
                   the data line count, the final step and the resume step in the model dir; on
                   SIGTERM it saves the step it is in and exits 0 (where the signal reaches it)
---mode allreduce  torch.distributed (gloo) all-reduce of rank+1 over every process
+--mode allreduce  torch.distributed (gloo) all-reduce of rank+1 over every process; the hosts of
+                  --judge_group (an instance group outside the distribution) print a line instead
 --mode fail       writes a failure reason and exits 1 (on the host given by --fail_host)
+--mode groups     prints one line ``groups {...}``: the host's instance-group environment and the
+                  files of each channel it received
 """
 
 import argparse
@@ -21,6 +24,7 @@ parser.add_argument("--steps", type=int, default=3)
 parser.add_argument("--step_seconds", type=float, default=0.0)
 parser.add_argument("--fail_host", default="")
 parser.add_argument("--checkpoint_every", type=int, default=1)
+parser.add_argument("--judge_group", default="")
 args = parser.parse_args()
 
 print(f"fixture started mode={args.mode} host={os.environ.get('SM_CURRENT_HOST')}", flush=True)
@@ -57,6 +61,9 @@ if args.mode == "steps":
     with open(os.path.join(os.environ["SM_OUTPUT_DATA_DIR"], "metrics.jsonl"), "w") as f:
         f.write(json.dumps({"step": args.steps}) + "\n")
 
+elif args.mode == "allreduce" and os.environ.get("SM_CURRENT_INSTANCE_GROUP") == args.judge_group:
+    print(f"judge host={os.environ['SM_CURRENT_HOST']} torchrun_rank={os.environ.get('RANK')}", flush=True)
+
 elif args.mode == "allreduce":
     import torch
     import torch.distributed as dist
@@ -88,3 +95,14 @@ elif args.mode == "fail":
         with open(failure_file, "w") as f:
             f.write("the fixture failed on purpose: --mode fail")
         sys.exit(1)
+
+elif args.mode == "groups":
+    names = ("SM_CURRENT_HOST", "SM_CURRENT_INSTANCE_TYPE", "SM_CURRENT_INSTANCE_GROUP",
+             "SM_CURRENT_INSTANCE_GROUP_HOSTS", "SM_INSTANCE_GROUPS", "SM_INSTANCE_GROUPS_DICT", "SM_HOSTS",
+             "SM_IS_HETERO", "SM_CHANNELS")
+    seen = {name: os.environ.get(name) for name in names}
+    seen["files"] = {
+        channel: sorted(os.listdir(os.environ[f"SM_CHANNEL_{channel.upper()}"]))
+        for channel in json.loads(os.environ["SM_CHANNELS"])
+    }
+    print("groups " + json.dumps(seen), flush=True)

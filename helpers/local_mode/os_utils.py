@@ -1,0 +1,53 @@
+"""What local mode asks of the operating system: ports, GPUs, process identities."""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import subprocess
+
+import psutil
+
+
+def port_holder(port: int) -> str | None:
+    """Who listens on the port ("pid N (command)"), or None when it is free."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind(("0.0.0.0", port))
+            return None
+        except OSError:
+            pass
+    for connection in psutil.net_connections(kind="tcp"):
+        if connection.laddr and connection.laddr.port == port and connection.status == psutil.CONN_LISTEN:
+            try:
+                return f"pid {connection.pid} ({' '.join(psutil.Process(connection.pid).cmdline())[:120]})"
+            except (psutil.Error, TypeError):
+                break
+    return "another process"
+
+
+def gpu_count() -> int:
+    """What the toolkit will find (it runs `nvidia-smi --list-gpus` too)."""
+    if not shutil.which("nvidia-smi"):
+        return 0
+    try:
+        out = subprocess.run(["nvidia-smi", "--list-gpus"], capture_output=True, text=True, timeout=20).stdout
+    except (OSError, subprocess.SubprocessError):
+        return 0
+    return sum(line.startswith("GPU ") for line in out.splitlines())
+
+
+def process_identity(pid: int | None = None) -> dict:
+    """A process's pid and start time: a pid alone may have been reused by another process."""
+    process = psutil.Process(pid)
+    return {"pid": process.pid, "started": process.create_time()}
+
+
+def is_same_process(identity: dict) -> bool:
+    """Whether the process ``process_identity`` described (its pid and start time) still runs."""
+    try:
+        return process_identity(identity["pid"])["started"] == identity["started"]
+    except (psutil.Error, KeyError, TypeError, ValueError):
+        return False
+
