@@ -16,7 +16,10 @@ import os
 import time
 from dataclasses import dataclass, field
 
-from sagemaker.logs import Position, log_stream
+try:  # the same reader in both SDKs: v2's sagemaker.logs moved to sagemaker.core.logs in v3
+    from sagemaker.logs import Position, log_stream
+except ImportError:
+    from sagemaker.core.logs import Position, log_stream
 
 from helpers.errors import explain_failure
 from helpers.metrics import latest, parse_metric_line
