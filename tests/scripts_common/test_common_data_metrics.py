@@ -127,6 +127,7 @@ def test_reduce_sums_keeps_names_over_two_learners(tmp_path):
 
     script = tmp_path / "reduce_sums.py"
     script.write_text(
+        "import sys\n"
         "import torch\n"
         "from common import distributed\n"
         "with distributed.started() as learners:\n"
@@ -134,7 +135,10 @@ def test_reduce_sums_keeps_names_over_two_learners(tmp_path):
         "    if learners.rank == 1:\n"
         "        sums = dict(reversed(sums.items()))\n"
         "    totals = distributed.reduce_sums(sums, learners)\n"
-        "    print(f'rank {learners.rank}', list(totals), sorted(totals.items()))\n")
+        # One write per line, flushed: the two learners share one pipe, and print() writes its
+        # arguments in pieces that the other learner's line can land between.
+        "    sys.stdout.write(f'rank {learners.rank} {list(totals)} {sorted(totals.items())}\\n')\n"
+        "    sys.stdout.flush()\n")
     torchrun = str(Path(sys.executable).parent / "torchrun")
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2] / "scripts"), "OMP_NUM_THREADS": "1"}
     result = subprocess.run([torchrun, "--standalone", "--nproc_per_node", "2", str(script)], env=env,
