@@ -43,10 +43,13 @@ IMAGE_ONLY := tests/scripts_common tests/code_rl tests/sandbox tests/sft_dpo/tes
 	tests/sft_dpo/test_sft_dpo_learning.py tests/grpo/test_grpo_script.py tests/grpo/test_grpo_learning.py \
 	tests/grpo/test_gsm8k_checker.py tests/foundation/test_transformers_4_and_5.py
 
+# The slowest tests of each part, so a run's log shows where the suite's time goes.
+PYTEST_REPORT := --durations=15 --durations-min=5
+
 ## test: the whole test suite (what .ci/run calls): the main environment, then the image's
 test: $(VENV)/.stamp $(SDK_V3_KERNEL) $(IMAGE_VENV)/.stamp
-	$(PY) -m pytest $(addprefix --ignore=,$(IMAGE_ONLY))
-	$(IMAGE_PY) -m pytest $(CONTAINER_TESTS) $(addprefix --ignore=,$(TRL_PARITY))
+	$(PY) -m pytest $(PYTEST_REPORT) $(addprefix --ignore=,$(IMAGE_ONLY))
+	$(IMAGE_PY) -m pytest $(PYTEST_REPORT) $(CONTAINER_TESTS) $(addprefix --ignore=,$(TRL_PARITY))
 
 lint: $(VENV)/.stamp
 	$(PY) -m ruff check helpers scripts session_loops tests bench notebooks

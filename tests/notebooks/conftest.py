@@ -53,7 +53,9 @@ def notebook_run(tmp_path_factory) -> NotebookRun:
 
     if os.environ.get("NOTEBOOK_RUN"):
         out = Path(os.environ["NOTEBOOK_RUN"]).resolve()
-        return NotebookRun(out, json.loads((out / "summary.json").read_text()))
+        summary = json.loads((out / "summary.json").read_text())
+        _NOTEBOOK_SECONDS.extend((r["notebook"], r["status"], r["seconds"]) for r in summary["notebooks"])
+        return NotebookRun(out, summary)
 
     out = tmp_path_factory.mktemp("main")
     saved = dict(os.environ)
@@ -62,4 +64,18 @@ def notebook_run(tmp_path_factory) -> NotebookRun:
     finally:  # run() sets the kernels' environment in this process; give the other tests theirs back
         os.environ.clear()
         os.environ.update(saved)
+    _NOTEBOOK_SECONDS.extend((r["notebook"], r["status"], r["seconds"]) for r in summary["notebooks"])
     return NotebookRun(out, summary)
+
+
+# Each notebook's wall time in the shared run, for the end of the test report: the run is the
+# suite's largest single cost, and pytest's durations show it only as one fixture set-up.
+_NOTEBOOK_SECONDS: list[tuple[str, str, float]] = []
+
+
+def pytest_terminal_summary(terminalreporter):
+    if _NOTEBOOK_SECONDS:
+        terminalreporter.section("main job: seconds per notebook")
+        for name, status, seconds in _NOTEBOOK_SECONDS:
+            terminalreporter.write_line(f"{seconds:7.1f}  {name}  {status}")
+        terminalreporter.write_line(f"{sum(s for _, _, s in _NOTEBOOK_SECONDS):7.1f}  in all")
