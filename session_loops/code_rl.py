@@ -18,7 +18,8 @@ the sandbox (``scripts/sandbox``) are the jobs'. Each step's record carries the 
 
 Measured in local mode (the tiny model after 20 steps of ``local_warm_start.py --task code``, 16 steps of
 8 problems x 4 samples, learning rate 1e-3): the share of completions without a program falls from
-0.74 (first quarter of the steps) to 0.61 (last quarter); none passes a test yet, as in notebook 4.
+0.72 (first quarter of the steps) to 0.29 (last quarter) with seed 0, 0.71 to 0.28 with seed 1, and the
+reward rises from 0.14 to 0.36; ``sampler_kl`` stays under 0.004; none passes a test yet, as in notebook 4.
 """
 
 from __future__ import annotations

@@ -183,13 +183,15 @@ def main() -> None:
     parser.add_argument("--loss-fn", default="importance_sampling", choices=["importance_sampling", "ppo"])
     parser.add_argument("--overlap", action="store_true", help="sample step k+1 while step k trains")
     parser.add_argument("--stop", nargs="*", default=None, help="stop sequences, e.g. a newline for one-line answers")
+    parser.add_argument("--held-out-samples", type=int, default=4,
+                        help="answers per held-out problem; 16 makes the tiny model's rise larger than the noise")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
 
     from environments.gsm8k import GSM8KEnvironment
 
     env = GSM8KEnvironment()
-    train_problems, held_out = count_problems(256, seed=args.seed), count_problems(32, seed=10_000 + args.seed)
+    train_problems, held_out = count_problems(256, seed=args.seed), count_problems(64, seed=10_000 + args.seed)
     service, _ = common.connect(args.run_mode, args.region, args.role)
     base_model = common.choose_base_model(service, args.base_model)
     with common.training_session(service, base_model, args.rank, args.alpha) as training_client:
@@ -197,12 +199,12 @@ def main() -> None:
         warm_start(training_client, tokenizer, env, train_problems, args.warm_start_steps, args.learning_rate,
                    args.seed)
         before = evaluate(training_client.save_weights_and_get_sampling_client(), tokenizer, env, held_out,
-                          stop=args.stop)
+                          args.held_out_samples, stop=args.stop)
         history = train(training_client, tokenizer, env, train_problems, args.steps, args.problems_per_step,
                         args.group_size, args.learning_rate, args.loss_fn, overlap=args.overlap, stop=args.stop,
                         seed=args.seed)
         after = evaluate(training_client.save_weights_and_get_sampling_client(), tokenizer, env, held_out,
-                         stop=args.stop)
+                         args.held_out_samples, stop=args.stop)
         print(f"held-out accuracy {before['accuracy']:.3f} -> {after['accuracy']:.3f}; reward "
               f"{history[0]['reward']:.3f} -> {history[-1]['reward']:.3f}")
         print("billable tokens:", common.billable_tokens(training_client.training_session_name))

@@ -126,6 +126,32 @@ def sampling_from_saved() -> dict:
     return samples
 
 
+def save_while_sampling(requests: int) -> dict:
+    """An overlapped RL loop's pattern: sample requests on saved weights still in flight while the
+    training client steps and saves again. The new package must hold the stepped weights, not those
+    the in-flight requests sample (which the service swaps in while it samples them)."""
+    svc = service()
+    tc = svc.create_lora_training_client(MODEL, rank=8, alpha=16)
+    tokenizer = tc.get_tokenizer()
+    datums = [sft_datum(tokenizer, text) for text in TEXTS]
+    before = tc.save_weights_and_get_sampling_client()
+    prompt = tokenizer("Numbers: 1 2", add_special_tokens=False)["input_ids"]
+    params = SamplingParams(max_tokens=512, temperature=1.0, seed=3)
+    in_flight = [before.sample(prompt, num_samples=1, sampling_params=params) for _ in range(requests)]
+    tc.forward_backward(datums, "cross_entropy")
+    tc.optim_step(AdamParams(learning_rate=1e-2, weight_decay=0.0)).result()
+    after = tc.save_weights_and_get_sampling_client()
+    overlapped = sum(not future.done() for future in in_flight)  # still sampling when the save returned
+    for future in in_flight:
+        future.result()
+    trained = [o["logprobs"]["data"] for o in tc.forward(datums, "cross_entropy").result().loss_fn_outputs]
+    texts = [tokenizer(text, add_special_tokens=False)["input_ids"] for text in TEXTS]
+    scored = [after.compute_logprobs(ids).result()[1:] for ids in texts]  # [None] first: no prediction
+    stale = [before.compute_logprobs(ids).result()[1:] for ids in texts]
+    tc.stop()
+    return {"trained": trained, "after": scored, "before": stale, "overlapped": overlapped}
+
+
 def grpo_pick_seven(
     model: str,
     grpo_steps: int,

@@ -44,6 +44,17 @@ def test_sampling_saved_weights_matches_the_training_weights(sdk):
         assert stop == "stop" and ("." in text or text.endswith("<|im_end|>")), (text, stop)
 
 
+def test_saving_while_sampling_saves_the_trained_weights(sdk):
+    out = sdk("save_while_sampling", requests=3)
+    # Requests on the first package were still sampling when the second save returned: the case of an
+    # overlapped loop, which samples step k+1 while step k trains and saves.
+    assert out["overlapped"] > 0, out["overlapped"]
+    for trained, after, before in zip(out["trained"], out["after"], out["before"], strict=True):
+        # The new package scores as the training client's weights do, not as the package being sampled.
+        assert after == pytest.approx(trained, abs=1e-4), (after, trained)
+        assert max(abs(a - b) for a, b in zip(after, before, strict=True)) > 0.1
+
+
 def test_a_later_process_describes_the_session(sdk, clients):
     control, _ = clients
     name = "described-later"

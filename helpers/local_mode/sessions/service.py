@@ -679,17 +679,18 @@ class SessionService:
         prefix = f"{base}/{folder}/{uuid.uuid4().hex[:8]}"  # the SDK's default path already names the session
         bucket, key = split_s3(prefix)
         self._ensure_bucket(bucket)
-        with tempfile.TemporaryDirectory() as tmp:
-            live.engine.model.save_pretrained(
-                tmp
-            )  # a PEFT adapter folder: PeftModel.from_pretrained loads it
+        # Under the engine's lock: a sampling operation on saved weights swaps them into this model
+        # while it samples, and a save then would write those instead of the weights being trained
+        # (an overlapped RL loop saves while its next batch samples).
+        with live.engine.lock, tempfile.TemporaryDirectory() as tmp:
+            live.engine.model.save_pretrained(tmp)  # a PEFT adapter folder: PeftModel.from_pretrained loads it
             files = {p.name: p.read_bytes() for p in Path(tmp).iterdir() if p.is_file()}
-        if checkpoint:
-            files["optimizer.pt"] = live.engine.state_bytes(with_optimizer=True)
-        if operation.config.get("mergeWeights"):
-            from safetensors.torch import save
+            if checkpoint:
+                files["optimizer.pt"] = live.engine.state_bytes(with_optimizer=True)
+            if operation.config.get("mergeWeights"):
+                from safetensors.torch import save
 
-            files["hf_merged/model.safetensors"] = save(live.engine.merged_state())
+                files["hf_merged/model.safetensors"] = save(live.engine.merged_state())
         for name, data in files.items():
             self.aws.s3.put_object(Bucket=bucket, Key=f"{key}/{name}", Body=data)
         package = self.register_package(
