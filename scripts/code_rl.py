@@ -27,7 +27,7 @@ The programs of a scoring call are spread over the judges in chunks; a judge tha
 verdicts within ``--verdict_timeout`` has its chunk resent to the others, and the step completes
 (with no judge left: a UserError). A judge host's entry process supervises its service: when the
 service dies it is restarted on the same bound port (a judge host is many cores, and what killed the
-service, e.g. memory pressure, rarely outlives it); after 5 deaths the host only waits for the
+service, e.g. memory pressure, rarely outlives it); after 5 restarts the host only waits for the
 learners' stop. Either way it exits 0, because a host that exits non-zero fails the whole job.
 At the end learner rank 0 tells the judges to stop and every host exits 0; a judge nobody calls for
 ``--judge_timeout`` seconds stops by itself.
@@ -88,7 +88,8 @@ def build_parser() -> contract.HyperparameterParser:
                             "divided by the processes on it (default: %(default)s)")
     group.add_argument("--judge_timeout", type=float, default=3600.0,
                        help="seconds any rank waits for the others (a judge waits for rank 0 through "
-                            "generation and the update) before failing (default: %(default)s)")
+                            "generation and the update; with --judge_group learners wait for the judges' start, "
+                            "and a judge nobody calls stops) before failing (default: %(default)s)")
     group.add_argument("--self_test", type=contract.str2bool, default=True,
                        help="attack the sandbox with hostile programs before judging and refuse to train if any "
                             "escapes (default: %(default)s)")

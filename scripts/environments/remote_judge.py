@@ -117,6 +117,7 @@ class _Handler(BaseHTTPRequestHandler):
             log.exception("judging failed")
             return self._answer(500, {"error": f"{type(error).__name__}: {error}"})
         self.server.judged += len(items)
+        self.server.last_contact = time.monotonic()  # a long request is no silence
         self._answer(200, {"verdicts": verdicts})
 
 
