@@ -9,7 +9,7 @@ receives one ``CreateTrainingJob`` request. Three tools for it:
   CreateTrainingJob request a boto3 SageMaker client sends (a botocore
   ``before-parameter-build`` hook, so it sees exactly the API parameters);
 - ``summary(request)``: the fields that decide where and how the job runs (image,
-  instances, spot, checkpoints, distribution, isolation, channels), one per line, in a
+  instances or instance groups, spot, checkpoints, distribution, isolation, channels), one per line, in a
   fixed order. The notebooks keep this output in git and the tests check it with nbval.
 """
 
@@ -66,8 +66,9 @@ def summary_lines(request: dict) -> list[str]:
         f"TrainingJobName: {request.get('TrainingJobName')}",
         f"TrainingImage: {algorithm.get('TrainingImage')}",
         f"TrainingInputMode: {algorithm.get('TrainingInputMode')}",
-        f"InstanceType: {resources.get('InstanceType')}",
-        f"InstanceCount: {resources.get('InstanceCount')}",
+        *([f"InstanceGroups: {', '.join(instance_group_text(g) for g in resources['InstanceGroups'])}"]
+          if resources.get("InstanceGroups") else
+          [f"InstanceType: {resources.get('InstanceType')}", f"InstanceCount: {resources.get('InstanceCount')}"]),
         f"VolumeSizeInGB: {resources.get('VolumeSizeInGB')}",
         f"MaxRuntimeInSeconds: {stopping.get('MaxRuntimeInSeconds')}",
         f"MaxWaitTimeInSeconds: {stopping.get('MaxWaitTimeInSeconds')}",
@@ -77,8 +78,10 @@ def summary_lines(request: dict) -> list[str]:
         f"OutputPath: {request.get('OutputDataConfig', {}).get('S3OutputPath')}",
     ]
     for channel in request.get("InputDataConfig", []):
-        uri = channel.get("DataSource", {}).get("S3DataSource", {}).get("S3Uri")
-        lines.append(f"Channel {channel['ChannelName']}: {uri}")
+        source = channel.get("DataSource", {}).get("S3DataSource", {})
+        uri = source.get("S3Uri")
+        groups = f" (to {', '.join(source['InstanceGroupNames'])} only)" if source.get("InstanceGroupNames") else ""
+        lines.append(f"Channel {channel['ChannelName']}: {uri}{groups}")
     # The toolkit's own settings (entry point, distribution) are hyperparameters named sagemaker_*.
     for key in sorted(k for k in hyperparameters if k.startswith("sagemaker_") and k != "sagemaker_submit_directory"):
         lines.append(f"{key}: {hyperparameters[key]}")
@@ -89,6 +92,11 @@ def summary_lines(request: dict) -> list[str]:
     lines.append(f"Environment: {', '.join(sorted(request.get('Environment', {}) or {}))}")
     lines.append(f"Metrics: {', '.join(m['Name'] for m in algorithm.get('MetricDefinitions', []) or [])}")
     return lines
+
+
+def instance_group_text(group: dict) -> str:
+    """``learner 1 x ml.p5.48xlarge``: one group of a heterogeneous cluster's ``InstanceGroups``."""
+    return f"{group['InstanceGroupName']} {group['InstanceCount']} x {group['InstanceType']}"
 
 
 def summary(request: dict) -> str:

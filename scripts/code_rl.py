@@ -1,6 +1,8 @@
 """Code RL: GRPO on competitive-programming problems, rewarded by running the programs in a sandbox.
 
-Roles (torchrun, gloo process group):
+Two layouts; ``--judge_group`` picks one.
+
+Torchrun ranks (default; gloo process group):
   rank 0       the learner: the GRPO loop of ``grpo.py`` (``grpo.train``) on this process alone
                (a single-learner context); its environment (``environments/code.py``) sends every
                step's programs and tests to the judges and waits for their verdicts, whose rates
@@ -9,13 +11,36 @@ Roles (torchrun, gloo process group):
                receives its share of the programs, judges them, sends verdicts and rewards back.
 With one process, rank 0 judges in its own sandbox.
 
+A heterogeneous cluster (``--judge_group judge``; ``ResourceConfig.InstanceGroups``, e.g. GPU
+learners ``learner`` x 1 ml.p5.48xlarge and CPU judges ``judge`` x 4 ml.c7i.16xlarge):
+  learner group  torchrun over the group's hosts; every process is a learner of one GRPO loop
+                 (DDP/FSDP, ``--strategy``; rank 0 logs, checkpoints and saves), and each sends its
+                 own completions' programs to the judge hosts over TCP (``environments/remote_judge.py``);
+  judge group    one process per host (send the hyperparameter
+                 ``sagemaker_distribution_instance_groups=["learner"]``: the PyTorch estimator drops
+                 ``distribution["instance_groups"]``, and without it the toolkit starts a torchrun on the
+                 judge hosts too); each runs the self-test, then a judge service with as many sandbox
+                 workers as the host has cores (``--judge_workers 0``) on port ``--judge_port`` + its
+                 index in the group (distinct ports, so hosts that share one network, as in local
+                 mode, never collide).
+The programs of a scoring call are spread over the judges in chunks; a judge that fails or gives no
+verdicts within ``--verdict_timeout`` has its chunk resent to the others, and the step completes
+(with no judge left: a UserError). A judge host's entry process supervises its service: when the
+service dies it is restarted on the same bound port (a judge host is many cores, and what killed the
+service, e.g. memory pressure, rarely outlives it); after 5 restarts the host only waits for the
+learners' stop. Either way it exits 0, because a host that exits non-zero fails the whole job.
+At the end learner rank 0 tells the judges to stop and every host exits 0; a judge nobody calls for
+``--judge_timeout`` seconds stops by itself.
+
 Before anything is judged each judge runs the sandbox self-test (hostile programs: fork bombs,
 sockets, kill, files outside the working directory, ...) and logs which confinement layers are on;
-if any attack escapes, every rank stops with the reason. At the end rank 0 tells the judges to stop;
-every collective has a timeout (``--judge_timeout``), so a failed rank never leaves the others hanging.
+if any attack escapes, every rank stops with the reason (a judge host fails the job with it). In the
+torchrun layout rank 0 tells the judges to stop at the end; every collective has a timeout
+(``--judge_timeout``), so a failed rank never leaves the others hanging.
 
 Networking: run the job with ``enable_network_isolation=True`` and the model as channel ``model``;
-the sandbox blocks sockets anyway, because isolation still leaves the cluster's own hosts reachable.
+the sandbox blocks sockets anyway, because isolation still leaves the cluster's own hosts reachable
+(which is also what lets learners reach judge hosts).
 
 Data: channel ``train`` with ``train.jsonl``, one problem a line, in the project's code schema or a
 public layout (code_contests, APPS/TACO, LiveCodeBench): see ``environments/code.py``.
@@ -34,11 +59,13 @@ import grpo
 import torch.distributed as dist
 from common import contract, distributed
 from common.contract import UserError
+from environments import remote_judge
 from environments.code import CodeEnvironment, local_judge
 from sandbox import Limits, Sandbox, SandboxEscape, run_selftest
 
 log = logging.getLogger("code_rl")
 STOP = "stop"
+UNSAFE = "The sandbox is not safe on this machine, so code RL will not train.\n"
 
 
 def build_parser() -> contract.HyperparameterParser:
@@ -61,15 +88,50 @@ def build_parser() -> contract.HyperparameterParser:
                             "divided by the processes on it (default: %(default)s)")
     group.add_argument("--judge_timeout", type=float, default=3600.0,
                        help="seconds any rank waits for the others (a judge waits for rank 0 through "
-                            "generation and the update) before failing (default: %(default)s)")
+                            "generation and the update; with --judge_group learners wait for the judges' start, "
+                            "and a judge nobody calls stops) before failing (default: %(default)s)")
     group.add_argument("--self_test", type=contract.str2bool, default=True,
                        help="attack the sandbox with hostile programs before judging and refuse to train if any "
                             "escapes (default: %(default)s)")
+    cluster = parser.add_argument_group("heterogeneous cluster (learner and judge instance groups)")
+    cluster.add_argument("--judge_group", default="",
+                         help="the instance group whose hosts judge; the other groups learn. Empty: torchrun "
+                              "ranks 1..N judge (default: %(default)r)")
+    cluster.add_argument("--judge_port", type=int, default=29800,
+                         help="TCP port of the first judge host's service; the i-th listens on this + i "
+                              "(default: %(default)s)")
+    cluster.add_argument("--verdict_timeout", type=float, default=600.0,
+                         help="seconds a learner waits for one judge's verdicts before resending its programs "
+                              "to the other judges (default: %(default)s)")
     return parser
 
 
+def judge_addresses(args) -> list[tuple[str, int]]:
+    """(host, port) of every judge service of ``--judge_group``, after checking the cluster options."""
+    if args.verdict_timeout <= 0:
+        raise UserError(f"--verdict_timeout must be above 0 seconds, got {args.verdict_timeout}.")
+    groups = contract.instance_groups()
+    if args.judge_group not in groups:
+        raise UserError(f"--judge_group {args.judge_group!r} is not an instance group of this job "
+                        f"(groups: {', '.join(groups) or 'none: the job is not a heterogeneous cluster'}). "
+                        "Name the judges' group of the estimator's instance_groups, or leave --judge_group "
+                        "empty for torchrun judges.")
+    if len(groups) < 2:
+        raise UserError(f"--judge_group {args.judge_group!r} is the job's only instance group: add a learner "
+                        "group (instance_groups=[InstanceGroup('learner', ...), InstanceGroup('judge', ...)]).")
+    hosts = groups[args.judge_group]
+    if not 1024 <= args.judge_port <= 65535 - len(hosts):
+        raise UserError(f"--judge_port {args.judge_port} must be in 1024..{65535 - len(hosts)} "
+                        f"(the {len(hosts)} judge hosts use it and the ports after it).")
+    return [(host, args.judge_port + index) for index, host in enumerate(hosts)]
+
+
+def sandbox_workers(args) -> int:
+    return args.judge_workers or max(1, (os.cpu_count() or 1) // int(os.environ.get("LOCAL_WORLD_SIZE", 1)))
+
+
 def make_sandbox(args) -> Sandbox:
-    workers = args.judge_workers or max(1, (os.cpu_count() or 1) // int(os.environ.get("LOCAL_WORLD_SIZE", 1)))
+    workers = sandbox_workers(args)
     limits = Limits(time_limit=args.time_limit, memory_mb=args.memory_limit_mb,
                     output_bytes=args.output_limit_mb << 20)
     # Judges on one host take disjoint uids (claimed through lock files); the base keeps them apart at a glance.
@@ -96,7 +158,7 @@ def agree_on_self_tests(own: str | None, world_size: int) -> None:
     dist.all_gather_object(results, own)
     failed = [f"rank {rank}: {reason}" for rank, reason in enumerate(results) if reason]
     if failed:
-        raise UserError("The sandbox is not safe on this machine, so code RL will not train.\n" + "\n".join(failed))
+        raise UserError(UNSAFE + "\n".join(failed))
 
 
 class RemoteJudge:
@@ -148,8 +210,53 @@ def serve_as_judge(sandbox: Sandbox) -> None:
         dist.gather_object(answer, None, dst=0)
 
 
+def serve_judge_host(args, port: int) -> None:
+    """A host of ``--judge_group``: the self-test, then the judge service, supervised, until the
+    learners' stop (see the module docstring for why a dead service is restarted)."""
+    if int(os.environ.get("LOCAL_WORLD_SIZE", 1)) > 1:
+        raise UserError(f"torchrun started {os.environ['LOCAL_WORLD_SIZE']} processes on judge host "
+                        f"{contract.current_host()}; a judge host runs one service. Add the hyperparameter "
+                        "sagemaker_distribution_instance_groups=['<learner group>'] so torchrun spans the learners only.")
+    with make_sandbox(args) as sandbox:
+        reason = self_test(args, sandbox)
+        info = {"host": contract.current_host(), "workers": sandbox_workers(args), "sandbox": sandbox.describe()}
+    if reason:
+        raise UserError(UNSAFE + f"judge host {contract.current_host()}: {reason}")
+    listener = remote_judge.listen(port)
+
+    def service(listener) -> None:
+        with make_sandbox(args) as sandbox:
+            log.info("judge service pid %d on port %d: %s", os.getpid(), port, info["sandbox"])
+            judged = remote_judge.serve(listener, local_judge(sandbox), info, idle_timeout=args.judge_timeout)
+        log.info("judge: %d programs judged, stopping", judged)
+
+    remote_judge.supervise(listener, service, idle_timeout=args.judge_timeout)
+
+
+def learn_with_remote_judges(args, addresses: list[tuple[str, int]]) -> None:
+    """A host of a learner group: the GRPO loop over its torchrun world, judged by the judge hosts."""
+    judges = remote_judge.RemoteJudges(addresses, verdict_timeout=args.verdict_timeout)
+    with distributed.started() as learners:
+        judges.wait_until_ready(args.judge_timeout)
+        env = CodeEnvironment(judges, args.reward_mode, args.max_tests)
+        try:
+            grpo.train(args, env, learners)
+        finally:
+            if learners.is_main:  # also after a failure, so the judge hosts exit now
+                judges.stop()
+
+
 def main() -> None:
     args = build_parser().parse()
+    if args.judge_group:
+        addresses = judge_addresses(args)
+        if contract.current_instance_group() == args.judge_group:
+            index = contract.instance_groups()[args.judge_group].index(contract.current_host())
+            serve_judge_host(args, addresses[index][1])
+        else:
+            learn_with_remote_judges(args, addresses)
+        return
+
     world_size = int(os.environ.get("WORLD_SIZE", 1))
     rank = int(os.environ.get("RANK", 0))
     learner = distributed.single_learner()  # rank 0 trains alone; no gradient is shared with the judges
@@ -158,7 +265,7 @@ def main() -> None:
         with make_sandbox(args) as sandbox:
             reason = self_test(args, sandbox)
             if reason:
-                raise UserError("The sandbox is not safe on this machine, so code RL will not train.\n" + reason)
+                raise UserError(UNSAFE + reason)
             env = CodeEnvironment(local_judge(sandbox), args.reward_mode, args.max_tests)
             grpo.train(args, env, learner)
         return

@@ -29,6 +29,7 @@ API:
     has_channel(name)           whether channel ``name`` was given
     model_dir(), output_data_dir(), output_dir(), failure_file(), default_checkpoint_dir()
     hosts(), current_host(), num_gpus(), instance_type(), on_sagemaker()
+    instance_groups(), current_instance_group()   the cluster's instance groups, this host's group
     run_main(main)              call ``main()``; on error write the failure file, exit non-zero
 """
 
@@ -120,6 +121,19 @@ def num_gpus() -> int:
 def instance_type() -> str:
     """For example ``ml.p4de.24xlarge``; ``local`` by hand."""
     return os.environ.get("SM_CURRENT_INSTANCE_TYPE", "local")
+
+
+def instance_groups() -> dict[str, list[str]]:
+    """The cluster's instance groups as ``{name: [host, ...]}`` (``SM_INSTANCE_GROUPS_DICT``, which the
+    toolkit fills from ``ResourceConfig.InstanceGroups``; a plain cluster is one group named
+    ``homogeneousCluster``); ``{}`` by hand."""
+    groups = json.loads(os.environ.get("SM_INSTANCE_GROUPS_DICT", "{}") or "{}")
+    return {name: list(group["hosts"]) for name, group in groups.items()}
+
+
+def current_instance_group() -> str:
+    """This host's instance group (``SM_CURRENT_INSTANCE_GROUP``); ``""`` by hand."""
+    return os.environ.get("SM_CURRENT_INSTANCE_GROUP", "")
 
 
 # --------------------------------------------------------------------------- channels

@@ -61,6 +61,22 @@ def test_cost_estimate_multiplies_price_count_and_max_run():
     assert cost.PRICE_TABLE_DATE in text and "approximate" in text and "managed spot" in text
 
 
+def test_clusters_for_the_same_run_are_priced_group_by_group():
+    comparison = cost.compare_clusters(
+        {"2 x p5": [("homogeneousCluster", "ml.p5.48xlarge", 2)],
+         "p5 + 4 x c7i": [("learner", "ml.p5.48xlarge", 1), ("judge", "ml.c7i.16xlarge", 4)]},
+        8 * 3600, ask_pricing_api=False)
+    p5, c7i = cost.ON_DEMAND_USD_PER_HOUR["ml.p5.48xlarge"], cost.ON_DEMAND_USD_PER_HOUR["ml.c7i.16xlarge"]
+    today, hetero = comparison.clusters
+    assert today.usd_per_hour == pytest.approx(2 * p5) and today.on_demand_ceiling == pytest.approx(16 * p5)
+    assert hetero.usd_per_hour == pytest.approx(p5 + 4 * c7i)
+    text = str(comparison)
+    assert f"p5 + 4 x c7i costs {(p5 + 4 * c7i) / (2 * p5):.0%} of 2 x p5 per hour" in text
+    assert f"saves ${8 * (p5 - 4 * c7i):,.2f} at max_run" in text and cost.PRICE_TABLE_DATE in text
+    with pytest.raises(ValueError, match="at least one instance"):
+        cost.compare_clusters({"empty": [("judge", "ml.c7i.16xlarge", 0)]}, 3600, ask_pricing_api=False)
+
+
 def test_pricing_api_without_credentials_falls_back_quickly(monkeypatch, tmp_path):
     import time
 
@@ -195,6 +211,18 @@ def test_summary_lists_the_fields_that_decide_the_job():
     assert "sagemaker_torch_distributed_enabled: true" in lines
     assert "Script options: max_steps" in lines and "Metrics: reward" in lines
     assert lines[-1].startswith("Metrics") and lines[0] == "TrainingJobName: grpo-1"
+
+
+def test_summary_of_a_heterogeneous_cluster_names_each_group():
+    resources = {"InstanceGroups": [{"InstanceGroupName": "learner", "InstanceType": "ml.p5.48xlarge", "InstanceCount": 1},
+                                    {"InstanceGroupName": "judge", "InstanceType": "ml.c7i.16xlarge", "InstanceCount": 4}],
+                 "VolumeSizeInGB": 300}
+    channels = [{"ChannelName": "train", "DataSource": {"S3DataSource": {
+        "S3DataType": "S3Prefix", "S3Uri": "s3://b/data/train", "InstanceGroupNames": ["learner"]}}}]
+    lines = job_request.summary_lines({**REQUEST, "ResourceConfig": resources, "InputDataConfig": channels})
+    assert "InstanceGroups: learner 1 x ml.p5.48xlarge, judge 4 x ml.c7i.16xlarge" in lines
+    assert not [line for line in lines if line.startswith(("InstanceType", "InstanceCount"))]
+    assert "Channel train: s3://b/data/train (to learner only)" in lines
 
 
 def test_record_requests_sees_exactly_what_the_client_sends():
