@@ -60,18 +60,18 @@ CI_PARAMETERS["11"] = CI_PARAMETERS["01"]  # notebook 01's job, sent with SDK v3
 # fewer steps than the scripts' 10 warm-up steps, the learning rate ramps up over the whole run.
 SMOLLM2_SFT = {"instance_count": 1, "max_steps": 8, "batch_size": 8, "per_device_batch_size": 8, "max_length": 192,
                "learning_rate": 2e-4}
-SMOLLM2_GRPO = {"instance_count": 1, "start_from": "sft", "learning_rate": 1e-5, "format_reward_weight": 0.5,
-                "max_steps": 6, "batch_size": 2, "num_generations": 8, "micro_batch_size": 16, "max_new_tokens": 24}
+SMOLLM2_GRPO = {"instance_count": 1, "start_from": "sft", "learning_rate": 2e-5, "format_reward_weight": 0.5,
+                "max_steps": 5, "batch_size": 2, "num_generations": 6, "micro_batch_size": 12, "max_new_tokens": 20}
 SMOLLM2_PARAMETERS = {
     "00": {"model_id": "smollm2", "data_source": "offline", "n_train": 64, "n_test": 32},
     "01": SMOLLM2_SFT,
-    "02": {"max_steps": 8, "batch_size": 8, "per_device_batch_size": 8, "max_prompt_length": 64, "max_length": 128,
+    "02": {"max_steps": 6, "batch_size": 4, "per_device_batch_size": 4, "max_prompt_length": 64, "max_length": 128,
            "learning_rate": 5e-5},
     "03": SMOLLM2_GRPO,
-    "04": {"start_from": "sft", "learning_rate": 1e-5, "format_reward_weight": 0.5, "max_steps": 4, "batch_size": 2,
-           "num_generations": 4, "micro_batch_size": 8, "max_new_tokens": 48},
-    "05": {**SMOLLM2_GRPO, "checkpoint_every": 3, "interrupt_after_step": 3},
-    "06": {"max_eval_examples": 32, "max_new_tokens": 24},
+    "04": {"start_from": "sft", "learning_rate": 2e-5, "format_reward_weight": 0.5, "max_steps": 3, "batch_size": 2,
+           "num_generations": 4, "micro_batch_size": 8, "max_new_tokens": 40},
+    "05": {**SMOLLM2_GRPO, "checkpoint_every": 2, "interrupt_after_step": 2},
+    "06": {"max_eval_examples": 32, "max_new_tokens": 20},
 }
 PROFILES = {"tiny": CI_PARAMETERS, "smollm2": SMOLLM2_PARAMETERS}
 
