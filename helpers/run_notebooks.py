@@ -54,8 +54,9 @@ CI_PARAMETERS["11"] = CI_PARAMETERS["01"]  # notebook 01's job, sent with SDK v3
 
 # The real-model run: SmolLM2-135M-Instruct (helpers.models_offline), all weights trained, on the
 # same offline data. A pretrained model needs learning rates ~100x below the tiny model's and far
-# fewer steps to move, but a step costs ~50x more on 2 CPU cores: the sizes are the smallest at
-# which each curve was measured to move (README, "The real-model run"). One host where the cloud
+# fewer steps to move, but a step costs ~50x more on 2 CPU cores: the sizes follow the step times
+# measured here (README, "The real-model run", which says which curves were measured on them). On
+# this model SFT alone solves the easy GSM8K set, so GRPO on it gets no gradient yet. One host where the cloud
 # has several: two processes on 2 cores would only add a 540 MB all-reduce to every step. With
 # fewer steps than the scripts' 10 warm-up steps, the learning rate ramps up over the whole run.
 SMOLLM2_SFT = {"instance_count": 1, "max_steps": 8, "batch_size": 8, "per_device_batch_size": 8, "max_length": 192,
