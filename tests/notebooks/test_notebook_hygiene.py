@@ -61,14 +61,15 @@ def test_every_launching_notebook_checks_its_request_with_nbval():
         assert "InstanceType: ml." in "".join(o.get("text", "") for o in checked[0].outputs), path.name
 
 
-def test_the_ci_parameters_are_parameters_of_the_notebooks():
+@pytest.mark.parametrize("model", ["tiny", "smollm2"])
+def test_the_ci_parameters_are_parameters_of_the_notebooks(model):
     from helpers import run_notebooks
 
     for path in NOTEBOOKS:
         nb = nbformat.read(str(path), as_version=4)
         source = next(c for c in nb.cells if c.cell_type == "code").source
         names = {node.targets[0].id for node in ast.parse(source).body}
-        passed = set(run_notebooks.ci_parameters(path, Path("/tmp/w")))
+        passed = set(run_notebooks.ci_parameters(path, Path("/tmp/w"), model))
         assert passed <= names, f"{path.name}: papermill would pass unknown {sorted(passed - names)}"
 
 

@@ -22,7 +22,7 @@ def smollm2(tmp_path_factory):
     return smollm2_dir()
 
 
-def test_converted_model_is_an_ordinary_checkpoint_that_answers_in_sentences(smollm2):
+def test_converted_model_is_an_ordinary_checkpoint_that_answers_in_sentences(smollm2, tmp_path):
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -34,6 +34,8 @@ def test_converted_model_is_an_ordinary_checkpoint_that_answers_in_sentences(smo
     tokenizer = AutoTokenizer.from_pretrained(smollm2)
     assert model.config.model_type == "llama"
     assert 130e6 < sum(p.numel() for p in model.parameters()) < 140e6
+    assert getattr(model.config, "quantization_config", None) is None
+    model.save_pretrained(tmp_path / "trained")  # what every training job does with it
     prompt = tokenizer.apply_chat_template([{"role": "user", "content": "What is the capital of France?"}],
                                            add_generation_prompt=True, return_tensors="pt", return_dict=True)
     with torch.no_grad():

