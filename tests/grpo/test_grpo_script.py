@@ -260,7 +260,7 @@ def test_evaluate_end_to_end(tiny_model_path, offline_data, tmp_path):
         assert all({"completion", "reward", "correct", "reference", "example"} <= r.keys() for r in result["records"])
 
 
-def test_evaluate_refuses_an_unknown_environment():
+def test_evaluate_refuses_an_unknown_environment(monkeypatch):
     import importlib.util
 
     from common.contract import UserError
@@ -268,9 +268,12 @@ def test_evaluate_refuses_an_unknown_environment():
     # loaded from its file: a package called ``evaluate`` may be installed too
     spec = importlib.util.spec_from_file_location("evaluate_script", SCRIPTS / "evaluate.py")
     evaluate_script = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, spec.name, evaluate_script)  # its dataclass resolves its annotations there
     spec.loader.exec_module(evaluate_script)
     with pytest.raises(UserError, match=r"--environment.*gsm8k"):
         evaluate_script.parse_args(["--environment", "chess"])
+    with pytest.raises(UserError, match=r"--batch_size must be at least 1, got 0."):
+        evaluate_script.parse_args(["--batch_size", "0"]).validate(world_size=1)
 
 
 def test_evaluate_code_environment_judges_in_the_sandbox(tiny_model_path, offline_data, tmp_path):
