@@ -88,7 +88,7 @@ def run_ours(loop: str, model: Path, data: Path, steps: int, work: Path, setting
             from common import distributed
             from environments.gsm8k import GSM8KEnvironment
 
-            grpo.train(grpo.build_parser().parse(argv), GSM8KEnvironment(), distributed.single_learner(device))
+            grpo.train(grpo.parse_args(argv), GSM8KEnvironment(), distributed.single_learner(device))
         else:
             module = __import__(loop)
             module.main(argv)

@@ -53,12 +53,14 @@ from __future__ import annotations
 
 import logging
 import os
+from dataclasses import dataclass
 from datetime import timedelta
+from typing import Literal
 
 import grpo
 import torch.distributed as dist
 from common import contract, distributed
-from common.contract import UserError
+from common.contract import UserError, option
 from environments import remote_judge
 from environments.code import CodeEnvironment, local_judge
 from sandbox import Limits, Sandbox, SandboxEscape, run_selftest
@@ -68,48 +70,49 @@ STOP = "stop"
 UNSAFE = "The sandbox is not safe on this machine, so code RL will not train.\n"
 
 
-def build_parser() -> contract.HyperparameterParser:
-    parser = contract.HyperparameterParser(description=__doc__, prog="code_rl.py")
-    contract.add_common_arguments(parser, model="Qwen/Qwen2.5-0.5B-Instruct", learning_rate=1e-6, max_steps=200)
-    grpo.add_grpo_arguments(parser)
-    group = parser.add_argument_group("judging")
-    group.add_argument("--reward_mode", choices=["fraction", "all_or_nothing"], default="fraction",
-                       help="fraction: reward = share of tests passed (all tests run); all_or_nothing: 1 only if "
-                            "every test passes, judging stops at the first failure (default: %(default)s)")
-    group.add_argument("--max_tests", type=int, default=0,
-                       help="judge at most this many tests per problem, in data order; 0 = all (default: %(default)s)")
-    group.add_argument("--time_limit", type=float, default=2.0, help="CPU seconds per test (default: %(default)s)")
-    group.add_argument("--memory_limit_mb", type=int, default=512,
-                       help="memory per test on top of the interpreter, in MiB (default: %(default)s)")
-    group.add_argument("--output_limit_mb", type=int, default=16,
-                       help="largest output per test, in MiB (default: %(default)s)")
-    group.add_argument("--judge_workers", type=int, default=0,
-                       help="sandbox workers (tests run at once) per judging process; 0 = this host's CPUs "
-                            "divided by the processes on it (default: %(default)s)")
-    group.add_argument("--judge_timeout", type=float, default=3600.0,
-                       help="seconds any rank waits for the others (a judge waits for rank 0 through "
-                            "generation and the update; with --judge_group learners wait for the judges' start, "
-                            "and a judge nobody calls stops) before failing (default: %(default)s)")
-    group.add_argument("--self_test", type=contract.str2bool, default=True,
-                       help="attack the sandbox with hostile programs before judging and refuse to train if any "
-                            "escapes (default: %(default)s)")
-    cluster = parser.add_argument_group("heterogeneous cluster (learner and judge instance groups)")
-    cluster.add_argument("--judge_group", default="",
-                         help="the instance group whose hosts judge; the other groups learn. Empty: torchrun "
-                              "ranks 1..N judge (default: %(default)r)")
-    cluster.add_argument("--judge_port", type=int, default=29800,
-                         help="TCP port of the first judge host's service; the i-th listens on this + i "
-                              "(default: %(default)s)")
-    cluster.add_argument("--verdict_timeout", type=float, default=600.0,
-                         help="seconds a learner waits for one judge's verdicts before resending its programs "
-                              "to the other judges (default: %(default)s)")
-    return parser
+@dataclass
+class CodeRLArgs(grpo.GRPOArgs):
+    help_group = "judging"  # the heading of these options in --help
+
+    reward_mode: Literal["fraction", "all_or_nothing"] = option(
+        "fraction", "fraction: reward = share of tests passed (all tests run); all_or_nothing: 1 only if every test "
+                    "passes, judging stops at the first failure")
+    max_tests: int = option(0, "judge at most this many tests per problem, in data order; 0 = all")
+    time_limit: float = option(2.0, "CPU seconds per test")
+    memory_limit_mb: int = option(512, "memory per test on top of the interpreter, in MiB")
+    output_limit_mb: int = option(16, "largest output per test, in MiB")
+    judge_workers: int = option(0, "sandbox workers (tests run at once) per judging process; 0 = this host's CPUs "
+                                   "divided by the processes on it")
+    judge_timeout: float = option(3600.0, "seconds any rank waits for the others (a judge waits for rank 0 through "
+                                          "generation and the update; with --judge_group learners wait for the "
+                                          "judges' start, and a judge nobody calls stops) before failing")
+    self_test: bool = option(True, "attack the sandbox with hostile programs before judging and refuse to train if "
+                                   "any escapes")
+
+    # A heterogeneous cluster: learner and judge instance groups.
+    judge_group: str = option("", "the instance group whose hosts judge; the other groups learn. Empty: torchrun "
+                                  "ranks 1..N judge")
+    judge_port: int = option(29800, "TCP port of the first judge host's service; the i-th listens on this + i")
+    verdict_timeout: float = option(600.0, "seconds a learner waits for one judge's verdicts before resending its "
+                                           "programs to the other judges")
+
+    def validate(self, world_size: int) -> None:
+        super().validate(world_size)
+        contract.require_at_least_one(self, "memory_limit_mb", "output_limit_mb")
+        for name in ("time_limit", "judge_timeout", "verdict_timeout"):
+            if getattr(self, name) <= 0:
+                raise UserError(f"--{name} must be positive, got {getattr(self, name)} (seconds).")
+        for name in ("max_tests", "judge_workers"):
+            if getattr(self, name) < 0:
+                raise UserError(f"--{name} cannot be negative, got {getattr(self, name)} (0 is the default).")
 
 
-def judge_addresses(args) -> list[tuple[str, int]]:
+def parse_args(argv: list[str] | None = None) -> CodeRLArgs:
+    return contract.HyperparameterParser(CodeRLArgs, description=__doc__, prog="code_rl.py").parse(argv)
+
+
+def judge_addresses(args: CodeRLArgs) -> list[tuple[str, int]]:
     """(host, port) of every judge service of ``--judge_group``, after checking the cluster options."""
-    if args.verdict_timeout <= 0:
-        raise UserError(f"--verdict_timeout must be above 0 seconds, got {args.verdict_timeout}.")
     groups = contract.instance_groups()
     if args.judge_group not in groups:
         raise UserError(f"--judge_group {args.judge_group!r} is not an instance group of this job "
@@ -126,11 +129,11 @@ def judge_addresses(args) -> list[tuple[str, int]]:
     return [(host, args.judge_port + index) for index, host in enumerate(hosts)]
 
 
-def sandbox_workers(args) -> int:
+def sandbox_workers(args: CodeRLArgs) -> int:
     return args.judge_workers or max(1, (os.cpu_count() or 1) // int(os.environ.get("LOCAL_WORLD_SIZE", 1)))
 
 
-def make_sandbox(args) -> Sandbox:
+def make_sandbox(args: CodeRLArgs) -> Sandbox:
     workers = sandbox_workers(args)
     limits = Limits(time_limit=args.time_limit, memory_mb=args.memory_limit_mb,
                     output_bytes=args.output_limit_mb << 20)
@@ -138,7 +141,7 @@ def make_sandbox(args) -> Sandbox:
     return Sandbox(workers=workers, limits=limits, uid_base=61000 + 256 * int(os.environ.get("LOCAL_RANK", 0)))
 
 
-def self_test(args, sandbox: Sandbox) -> str | None:
+def self_test(args: CodeRLArgs, sandbox: Sandbox) -> str | None:
     """The sandbox self-test on this rank: None when it held, else the reason."""
     if not args.self_test:
         log.info("%s", sandbox.describe())
@@ -210,7 +213,7 @@ def serve_as_judge(sandbox: Sandbox) -> None:
         dist.gather_object(answer, None, dst=0)
 
 
-def serve_judge_host(args, port: int) -> None:
+def serve_judge_host(args: CodeRLArgs, port: int) -> None:
     """A host of ``--judge_group``: the self-test, then the judge service, supervised, until the
     learners' stop (see the module docstring for why a dead service is restarted)."""
     if int(os.environ.get("LOCAL_WORLD_SIZE", 1)) > 1:
@@ -233,7 +236,7 @@ def serve_judge_host(args, port: int) -> None:
     remote_judge.supervise(listener, service, idle_timeout=args.judge_timeout)
 
 
-def learn_with_remote_judges(args, addresses: list[tuple[str, int]]) -> None:
+def learn_with_remote_judges(args: CodeRLArgs, addresses: list[tuple[str, int]]) -> None:
     """A host of a learner group: the GRPO loop over its torchrun world, judged by the judge hosts."""
     judges = remote_judge.RemoteJudges(addresses, verdict_timeout=args.verdict_timeout)
     with distributed.started() as learners:
@@ -247,10 +250,11 @@ def learn_with_remote_judges(args, addresses: list[tuple[str, int]]) -> None:
 
 
 def main() -> None:
-    args = build_parser().parse()
+    args = parse_args()
     if args.judge_group:
         addresses = judge_addresses(args)
         if contract.current_instance_group() == args.judge_group:
+            args.validate(1)  # before the sandbox starts; the learners' batch checks run in grpo.train
             index = contract.instance_groups()[args.judge_group].index(contract.current_host())
             serve_judge_host(args, addresses[index][1])
         else:
@@ -260,6 +264,7 @@ def main() -> None:
     world_size = int(os.environ.get("WORLD_SIZE", 1))
     rank = int(os.environ.get("RANK", 0))
     learner = distributed.single_learner()  # rank 0 trains alone; no gradient is shared with the judges
+    args.validate(learner.world_size)  # on every rank, before a sandbox starts (grpo.train checks again)
 
     if world_size == 1:
         with make_sandbox(args) as sandbox:

@@ -40,11 +40,12 @@ from __future__ import annotations
 
 import logging
 import sys
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from common import checkpoints, contract, data, distributed, metrics, models
-from common.contract import UserError, str2bool
+from common.contract import UserError, option
 from transformers import get_cosine_schedule_with_warmup
 
 log = logging.getLogger("dpo")
@@ -52,44 +53,39 @@ log = logging.getLogger("dpo")
 FIELDS = ("prompt", "chosen", "rejected")
 
 
-def parse_args(argv: list[str] | None = None):
-    parser = contract.HyperparameterParser(__doc__, prog="dpo.py")
-    contract.add_common_arguments(parser, model="Qwen/Qwen2.5-0.5B-Instruct", learning_rate=5e-7, max_steps=100)
-    parser.add_argument("--beta", type=float, default=0.1,
-                        help="strength of the pull towards the reference model (default: %(default)s)")
-    parser.add_argument("--batch_size", type=int, default=16,
-                        help="preference pairs per optimizer step, over all processes (default: %(default)s)")
-    parser.add_argument("--per_device_batch_size", type=int, default=2,
-                        help="pairs per forward pass on one process; the rest is gradient accumulation "
-                             "(default: %(default)s)")
-    parser.add_argument("--max_prompt_length", type=int, default=512,
-                        help="keep at most this many prompt tokens, the last ones (default: %(default)s)")
-    parser.add_argument("--max_length", type=int, default=1024,
-                        help="truncate prompt + answer to this many tokens (default: %(default)s)")
-    parser.add_argument("--reference_model_name_or_path", default="",
-                        help="the frozen reference model; empty = the starting model (default: empty)")
-    parser.add_argument("--precompute_ref_log_probs", type=str2bool, default=False,
-                        help="compute the reference log-probs once before training and free the reference "
-                             "model (saves memory and time per step) (default: %(default)s)")
-    parser.add_argument("--eval_every", type=int, default=0,
-                        help="with a 'test' channel: evaluate every N steps; 0 = at the end only (default: %(default)s)")
-    parser.add_argument("--warmup_steps", type=int, default=10, help="linear warm-up steps (default: %(default)s)")
-    parser.add_argument("--weight_decay", type=float, default=0.0,
-                        help="AdamW weight decay on matrices (not on biases and norms) (default: %(default)s)")
-    parser.add_argument("--max_grad_norm", type=float, default=1.0,
-                        help="clip the gradients' global norm; 0 = no clipping (default: %(default)s)")
-    parser.add_argument("--gradient_checkpointing", type=str2bool, default=False,
-                        help="recompute activations in the backward pass to save memory; always on with "
-                             "--strategy fsdp (default: %(default)s)")
-    args = parser.parse(argv)
-    for name in ("max_steps", "batch_size", "per_device_batch_size", "max_prompt_length", "max_length"):
-        if getattr(args, name) < 1:
-            raise UserError(f"--{name} must be at least 1, got {getattr(args, name)}.")
-    if args.max_prompt_length >= args.max_length:
-        raise UserError(f"--max_prompt_length ({args.max_prompt_length}) must be below --max_length ({args.max_length}).")
-    if args.beta <= 0:
-        raise UserError(f"--beta must be positive, got {args.beta}.")
-    return args
+@dataclass
+class DPOArgs(contract.TrainingArgs):
+    learning_rate: float = 5e-7  # the common options' defaults for DPO (their help is TrainingArgs')
+    max_steps: int = 100
+    beta: float = option(0.1, "strength of the pull towards the reference model")
+    batch_size: int = option(16, "preference pairs per optimizer step, over all processes")
+    per_device_batch_size: int = option(2, "pairs per forward pass on one process; the rest is gradient accumulation")
+    max_prompt_length: int = option(512, "keep at most this many prompt tokens, the last ones")
+    max_length: int = option(1024, "truncate prompt + answer to this many tokens")
+    reference_model_name_or_path: str = option("", "the frozen reference model; empty = the starting model "
+                                                   "(default: empty)")
+    precompute_ref_log_probs: bool = option(False, "compute the reference log-probs once before training and free "
+                                                   "the reference model (saves memory and time per step)")
+    eval_every: int = option(0, "with a 'test' channel: evaluate every N steps; 0 = at the end only")
+    warmup_steps: int = option(10, "linear warm-up steps")
+    weight_decay: float = option(0.0, "AdamW weight decay on matrices (not on biases and norms)")
+    max_grad_norm: float = option(1.0, "clip the gradients' global norm; 0 = no clipping")
+    gradient_checkpointing: bool = option(False, "recompute activations in the backward pass to save memory; "
+                                                 "always on with --strategy fsdp")
+
+    def validate(self, world_size: int) -> None:
+        super().validate(world_size)
+        contract.require_at_least_one(self, "batch_size", "per_device_batch_size", "max_prompt_length", "max_length")
+        if self.max_prompt_length >= self.max_length:
+            raise UserError(f"--max_prompt_length ({self.max_prompt_length}) must be below --max_length "
+                            f"({self.max_length}).")
+        if self.beta <= 0:
+            raise UserError(f"--beta must be positive, got {self.beta}.")
+        contract.require_whole_micro_batches(self, world_size)
+
+
+def parse_args(argv: list[str] | None = None) -> DPOArgs:
+    return contract.HyperparameterParser(DPOArgs, description=__doc__, prog="dpo.py").parse(argv)
 
 
 # --------------------------------------------------------------------------- data
@@ -192,7 +188,7 @@ def precompute_reference_logps(reference, examples: list[dict], learners, batch_
     return [mine[i] for i in range(len(examples))]
 
 
-def evaluate(model, reference, ref_table, examples: list[dict], learners, args, pad_token_id: int) -> dict:
+def evaluate(model, reference, ref_table, examples: list[dict], learners, args: DPOArgs, pad_token_id: int) -> dict:
     """DPO loss, reward accuracy and margin over the whole test set (the learners share the work)."""
     model.eval()
     sums = torch.zeros(4, dtype=torch.float64)  # loss, accurate pairs, margins, pairs
@@ -217,12 +213,10 @@ def evaluate(model, reference, ref_table, examples: list[dict], learners, args, 
 # --------------------------------------------------------------------------- training
 
 
-def train(args, learners: distributed.Learners) -> bool:
+def train(args: DPOArgs, learners: distributed.Learners) -> bool:
     """Train with DPO on channel ``train`` and save the model. Returns False if stopped by SIGTERM (a
     checkpoint was saved and the run resumes from it), True when training finished."""
-    if args.batch_size % (args.per_device_batch_size * learners.world_size):
-        raise UserError(f"--batch_size {args.batch_size} must be a multiple of --per_device_batch_size "
-                        f"{args.per_device_batch_size} x {learners.world_size} processes.")
+    args.validate(learners.world_size)
     checkpoints.seed_everything(args.seed)
 
     # ---- data

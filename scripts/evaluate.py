@@ -21,27 +21,36 @@ import json
 import logging
 import os
 import time
+from dataclasses import dataclass
 
 import torch
 from common import contract, distributed, generation, metrics, models
+from common.contract import option
 from environments import REGISTRY, make_environment
 
 log = logging.getLogger("evaluate")
 
 
-def build_parser() -> contract.HyperparameterParser:
-    parser = contract.HyperparameterParser(description=__doc__, prog="evaluate.py")
-    parser.add_argument("--model_name_or_path", default="Qwen/Qwen2.5-0.5B-Instruct",
-                        help="hub id or local folder of the model; the 'model' channel (SM_CHANNEL_MODEL) wins over "
-                             "it when given (default: %(default)s)")
-    parser.add_argument("--environment", choices=sorted(REGISTRY), default="gsm8k",
-                        help="which data format and checker to use (default: %(default)s)")
-    parser.add_argument("--max_new_tokens", type=int, default=512, help="longest answer in tokens (default: %(default)s)")
-    parser.add_argument("--batch_size", type=int, default=32, help="prompts per generate call (default: %(default)s)")
-    parser.add_argument("--max_examples", type=int, default=0,
-                        help="evaluate only the first N examples; 0 = all (default: %(default)s)")
-    parser.add_argument("--seed", type=int, default=42, help="seed (decoding is greedy) (default: %(default)s)")
-    return parser
+@dataclass
+class EvaluateArgs:
+    model_name_or_path: str = option("Qwen/Qwen2.5-0.5B-Instruct",
+                                     "hub id or local folder of the model; the 'model' channel (SM_CHANNEL_MODEL) "
+                                     "wins over it when given")
+    environment: str = option("gsm8k", "which data format and checker to use", choices=sorted(REGISTRY))
+    max_new_tokens: int = option(512, "longest answer in tokens")
+    batch_size: int = option(32, "prompts per generate call")
+    max_examples: int = option(0, "evaluate only the first N examples; 0 = all")
+    seed: int = option(42, "seed (decoding is greedy)")
+
+    def validate(self, world_size: int) -> None:
+        """``world_size`` is 1: evaluation runs in one process."""
+        contract.require_at_least_one(self, "batch_size", "max_new_tokens")
+        if self.max_examples < 0:
+            raise contract.UserError(f"--max_examples cannot be negative, got {self.max_examples}; 0 = all.")
+
+
+def parse_args(argv: list[str] | None = None) -> EvaluateArgs:
+    return contract.HyperparameterParser(EvaluateArgs, description=__doc__, prog="evaluate.py").parse(argv)
 
 
 def open_environment(name: str, stack: contextlib.ExitStack):
@@ -60,16 +69,15 @@ def open_environment(name: str, stack: contextlib.ExitStack):
 
 
 def main() -> None:
-    args = build_parser().parse()
-    if args.batch_size < 1 or args.max_new_tokens < 1:
-        raise contract.UserError("--batch_size and --max_new_tokens must be at least 1.")
-    torch.manual_seed(args.seed)
+    args = parse_args()
     learners = distributed.single_learner()
+    args.validate(learners.world_size)  # before the code environment's sandbox starts
+    torch.manual_seed(args.seed)
     with contextlib.ExitStack() as stack:
         evaluate(args, learners, open_environment(args.environment, stack))
 
 
-def evaluate(args, learners, env) -> None:
+def evaluate(args: EvaluateArgs, learners, env) -> None:
     models.unpack_model_archive(learners)  # channel 'model' may be a training job's model.tar.gz
     model_path = models.resolve_model_path(args.model_name_or_path)
     tokenizer = models.load_tokenizer(model_path)

@@ -22,14 +22,15 @@ On SageMaker the toolkit passes hyperparameters as ``--key value`` and data as c
 
 from __future__ import annotations
 
-import argparse
 import logging
 import math
 import time
+from dataclasses import dataclass
+from typing import Literal
 
 import torch
 from common import checkpoints, contract, data, distributed, generation, metrics, models
-from common.contract import UserError
+from common.contract import UserError, option
 from environments import Environment
 from transformers import get_constant_schedule_with_warmup, get_cosine_schedule_with_warmup
 
@@ -39,72 +40,59 @@ log = logging.getLogger("grpo")
 # --------------------------------------------------------------------------- options
 
 
-def add_grpo_arguments(parser: argparse.ArgumentParser) -> None:
-    """The GRPO options (also used by ``code_rl.py``)."""
-    group = parser.add_argument_group("GRPO")
-    group.add_argument("--num_generations", type=int, default=8,
-                       help="completions sampled per prompt (the group size G) (default: %(default)s)")
-    group.add_argument("--prompts_per_step", type=int, default=16,
-                       help="prompts per step over all learners; must divide by the number of learners "
-                            "(default: %(default)s)")
-    group.add_argument("--micro_batch_size", type=int, default=8,
-                       help="completions per forward/backward pass on one learner; the step's completions are "
-                            "accumulated in micro-batches of this size (default: %(default)s)")
-    group.add_argument("--max_new_tokens", type=int, default=256,
-                       help="longest completion in tokens; also the constant of --loss_type dr_grpo (default: %(default)s)")
-    group.add_argument("--temperature", type=float, default=1.0, help="sampling temperature (default: %(default)s)")
-    group.add_argument("--num_iterations", type=int, default=1,
-                       help="optimizer updates per batch of rollouts (the mu of the GRPO paper); old log-probs "
-                            "are computed once per batch (default: %(default)s)")
-    group.add_argument("--epsilon", type=float, default=0.2,
-                       help="clip the policy ratio below at 1 - epsilon (default: %(default)s)")
-    group.add_argument("--epsilon_high", type=float, default=None,
-                       help="clip the policy ratio above at 1 + epsilon_high (DAPO's clip-higher suggests 0.28); "
-                            "default: same as --epsilon")
-    group.add_argument("--beta", type=float, default=0.0,
-                       help="weight of the KL penalty to the frozen starting model (k3 estimator); 0 = no "
-                            "reference model is loaded (default: %(default)s)")
-    group.add_argument("--loss_type", choices=["grpo", "dr_grpo", "dapo"], default="dapo",
-                       help="how token losses are averaged: grpo = per sequence, then over sequences; dr_grpo = "
-                            "sum / (sequences x --max_new_tokens); dapo = over all tokens of the step "
-                            "(default: %(default)s)")
-    group.add_argument("--scale_rewards", choices=["group", "none"], default="group",
-                       help="group: divide advantages by the group's reward std; none: only subtract the group "
-                            "mean (Dr. GRPO) (default: %(default)s)")
-    group.add_argument("--format_reward_weight", type=float, default=0.0,
-                       help="weight of the environment's format reward added to the reward (default: %(default)s)")
-    group.add_argument("--lr_scheduler", choices=["cosine", "constant"], default="constant",
-                       help="learning-rate schedule after warm-up (default: %(default)s)")
-    group.add_argument("--warmup_steps", type=int, default=0, help="steps of linear warm-up (default: %(default)s)")
-    group.add_argument("--weight_decay", type=float, default=0.0, help="AdamW weight decay on matrices (not on biases and norms) (default: %(default)s)")
-    group.add_argument("--max_grad_norm", type=float, default=1.0,
-                       help="clip the gradient norm to this; 0 = no clipping (default: %(default)s)")
+@dataclass
+class GRPOArgs(contract.TrainingArgs):
+    """The GRPO options (``code_rl.py``'s extend them)."""
+
+    help_group = "GRPO"  # the heading of these options in --help
+
+    learning_rate: float = 1e-6  # the common options' defaults for GRPO (their help is TrainingArgs')
+    max_steps: int = 200
+    num_generations: int = option(8, "completions sampled per prompt (the group size G)")
+    prompts_per_step: int = option(16, "prompts per step over all learners; must divide by the number of learners")
+    micro_batch_size: int = option(8, "completions per forward/backward pass on one learner; the step's completions "
+                                      "are accumulated in micro-batches of this size")
+    max_new_tokens: int = option(256, "longest completion in tokens; also the constant of --loss_type dr_grpo")
+    temperature: float = option(1.0, "sampling temperature")
+    num_iterations: int = option(1, "optimizer updates per batch of rollouts (the mu of the GRPO paper); old "
+                                    "log-probs are computed once per batch")
+    epsilon: float = option(0.2, "clip the policy ratio below at 1 - epsilon")
+    epsilon_high: float | None = option(None, "clip the policy ratio above at 1 + epsilon_high (DAPO's clip-higher "
+                                              "suggests 0.28); default: same as --epsilon")
+    beta: float = option(0.0, "weight of the KL penalty to the frozen starting model (k3 estimator); 0 = no "
+                              "reference model is loaded")
+    loss_type: Literal["grpo", "dr_grpo", "dapo"] = option(
+        "dapo", "how token losses are averaged: grpo = per sequence, then over sequences; dr_grpo = sum / "
+                "(sequences x --max_new_tokens); dapo = over all tokens of the step")
+    scale_rewards: Literal["group", "none"] = option("group", "group: divide advantages by the group's reward std; "
+                                                              "none: only subtract the group mean (Dr. GRPO)")
+    format_reward_weight: float = option(0.0, "weight of the environment's format reward added to the reward")
+    lr_scheduler: Literal["cosine", "constant"] = option("constant", "learning-rate schedule after warm-up")
+    warmup_steps: int = option(0, "steps of linear warm-up")
+    weight_decay: float = option(0.0, "AdamW weight decay on matrices (not on biases and norms)")
+    max_grad_norm: float = option(1.0, "clip the gradient norm to this; 0 = no clipping")
+
+    def validate(self, world_size: int) -> None:
+        """``world_size``: the learners, among which the prompts of a step are shared out."""
+        super().validate(world_size)
+        contract.require_at_least_one(self, "prompts_per_step", "max_new_tokens", "num_iterations", "micro_batch_size")
+        if self.num_generations < 2:
+            raise UserError(f"--num_generations {self.num_generations}: GRPO needs at least 2 completions per prompt "
+                            "(the group is the baseline).")
+        if self.prompts_per_step % world_size:
+            raise UserError(f"--prompts_per_step {self.prompts_per_step} must be a multiple of the number of learners "
+                            f"({world_size}).")
+        completions = self.prompts_per_step // world_size * self.num_generations
+        if completions % self.micro_batch_size:
+            raise UserError(f"--micro_batch_size {self.micro_batch_size} must divide the completions per learner and "
+                            f"step (--prompts_per_step / learners x --num_generations = {completions}).")
+        if self.temperature <= 0:
+            raise UserError(f"--temperature must be positive, got {self.temperature} (sampling is needed for "
+                            "exploration).")
 
 
-def build_parser() -> contract.HyperparameterParser:
-    parser = contract.HyperparameterParser(description=__doc__, prog="grpo.py")
-    contract.add_common_arguments(parser, model="Qwen/Qwen2.5-0.5B-Instruct", learning_rate=1e-6, max_steps=200)
-    add_grpo_arguments(parser)
-    return parser
-
-
-def check_arguments(args, learners: distributed.Learners) -> None:
-    """Refuse combinations that cannot work, saying which option to change."""
-    if args.num_generations < 2:
-        raise UserError(f"--num_generations {args.num_generations}: GRPO needs at least 2 completions per prompt "
-                        "(the group is the baseline).")
-    if args.prompts_per_step % learners.world_size:
-        raise UserError(f"--prompts_per_step {args.prompts_per_step} must be a multiple of the number of learners "
-                        f"({learners.world_size}).")
-    completions = args.prompts_per_step // learners.world_size * args.num_generations
-    if completions % args.micro_batch_size:
-        raise UserError(f"--micro_batch_size {args.micro_batch_size} must divide the completions per learner and step "
-                        f"(--prompts_per_step / learners x --num_generations = {completions}).")
-    for name in ("max_steps", "max_new_tokens", "num_iterations", "micro_batch_size"):
-        if getattr(args, name) < 1:
-            raise UserError(f"--{name} must be at least 1, got {getattr(args, name)}.")
-    if args.temperature <= 0:
-        raise UserError(f"--temperature must be positive, got {args.temperature} (sampling is needed for exploration).")
+def parse_args(argv: list[str] | None = None) -> GRPOArgs:
+    return contract.HyperparameterParser(GRPOArgs, description=__doc__, prog="grpo.py").parse(argv)
 
 
 # --------------------------------------------------------------------------- GRPO maths
@@ -196,14 +184,14 @@ def environment_metrics(env: Environment, learners: distributed.Learners) -> dic
 # --------------------------------------------------------------------------- the loop
 
 
-def train(args, env: Environment, learners: distributed.Learners) -> bool:
+def train(args: GRPOArgs, env: Environment, learners: distributed.Learners) -> bool:
     """Train with GRPO on ``env``'s training data (channel ``train``) and save the model.
 
     ``learners`` are the processes that train together; every collective goes through it, so a
     caller may run this on one process of a larger job. Returns False if stopped by SIGTERM (a
     checkpoint was saved and the run resumes from it), True when training finished.
     """
-    check_arguments(args, learners)
+    args.validate(learners.world_size)
     epsilon_high = args.epsilon if args.epsilon_high is None else args.epsilon_high
     checkpoints.seed_everything(args.seed + learners.rank)  # learners sample different completions
 
@@ -389,7 +377,7 @@ def train(args, env: Environment, learners: distributed.Learners) -> bool:
 def main() -> None:
     from environments.gsm8k import GSM8KEnvironment
 
-    args = build_parser().parse()
+    args = parse_args()
     with distributed.started() as learners:
         train(args, GSM8KEnvironment(), learners)
 

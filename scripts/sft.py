@@ -45,11 +45,12 @@ from __future__ import annotations
 
 import logging
 import sys
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from common import checkpoints, contract, data, distributed, metrics, models
-from common.contract import UserError, str2bool
+from common.contract import UserError, option
 from transformers import get_cosine_schedule_with_warmup
 
 log = logging.getLogger("sft")
@@ -58,38 +59,35 @@ IGNORE_INDEX = -100  # label of positions that carry no loss (prompt, padding)
 ROLES = ("system", "user", "assistant")
 
 
-def parse_args(argv: list[str] | None = None):
-    parser = contract.HyperparameterParser(__doc__, prog="sft.py")
-    contract.add_common_arguments(parser, model="Qwen/Qwen2.5-0.5B-Instruct", learning_rate=2e-5, max_steps=100)
-    parser.add_argument("--batch_size", type=int, default=16,
-                        help="conversations per optimizer step, over all processes (default: %(default)s)")
-    parser.add_argument("--per_device_batch_size", type=int, default=4,
-                        help="conversations per forward pass on one process; the rest is gradient "
-                             "accumulation (default: %(default)s)")
-    parser.add_argument("--max_length", type=int, default=2048,
-                        help="truncate conversations to this many tokens (default: %(default)s)")
-    parser.add_argument("--warmup_steps", type=int, default=10, help="linear warm-up steps (default: %(default)s)")
-    parser.add_argument("--weight_decay", type=float, default=0.0,
-                        help="AdamW weight decay on matrices (not on biases and norms) (default: %(default)s)")
-    parser.add_argument("--max_grad_norm", type=float, default=1.0,
-                        help="clip the gradients' global norm; 0 = no clipping (default: %(default)s)")
-    parser.add_argument("--gradient_checkpointing", type=str2bool, default=False,
-                        help="recompute activations in the backward pass to save memory; always on with "
-                             "--strategy fsdp (default: %(default)s)")
-    parser.add_argument("--eval_every", type=int, default=0,
-                        help="with a 'test' channel: eval_loss every N steps; 0 = at the end only (default: %(default)s)")
-    parser.add_argument("--lora_r", type=int, default=0, help="LoRA rank; 0 trains all weights (default: %(default)s)")
-    parser.add_argument("--lora_alpha", type=int, default=32, help="LoRA scaling numerator (default: %(default)s)")
-    parser.add_argument("--lora_dropout", type=float, default=0.05, help="dropout on LoRA inputs (default: %(default)s)")
-    parser.add_argument("--lora_target_modules", default="all-linear",
-                        help="comma-separated module names to adapt, or all-linear (default: %(default)s)")
-    args = parser.parse(argv)
-    for name in ("max_steps", "batch_size", "per_device_batch_size", "max_length"):
-        if getattr(args, name) < 1:
-            raise UserError(f"--{name} must be at least 1, got {getattr(args, name)}.")
-    if args.lora_r and args.strategy == "fsdp":
-        raise UserError("--lora_r with --strategy fsdp is not supported: LoRA keeps memory small, use --strategy ddp.")
-    return args
+@dataclass
+class SFTArgs(contract.TrainingArgs):
+    learning_rate: float = 2e-5  # the common options' defaults for SFT (their help is TrainingArgs')
+    max_steps: int = 100
+    batch_size: int = option(16, "conversations per optimizer step, over all processes")
+    per_device_batch_size: int = option(4, "conversations per forward pass on one process; the rest is gradient "
+                                           "accumulation")
+    max_length: int = option(2048, "truncate conversations to this many tokens")
+    warmup_steps: int = option(10, "linear warm-up steps")
+    weight_decay: float = option(0.0, "AdamW weight decay on matrices (not on biases and norms)")
+    max_grad_norm: float = option(1.0, "clip the gradients' global norm; 0 = no clipping")
+    gradient_checkpointing: bool = option(False, "recompute activations in the backward pass to save memory; "
+                                                 "always on with --strategy fsdp")
+    eval_every: int = option(0, "with a 'test' channel: eval_loss every N steps; 0 = at the end only")
+    lora_r: int = option(0, "LoRA rank; 0 trains all weights")
+    lora_alpha: int = option(32, "LoRA scaling numerator")
+    lora_dropout: float = option(0.05, "dropout on LoRA inputs")
+    lora_target_modules: str = option("all-linear", "comma-separated module names to adapt, or all-linear")
+
+    def validate(self, world_size: int) -> None:
+        super().validate(world_size)
+        contract.require_at_least_one(self, "batch_size", "per_device_batch_size", "max_length")
+        if self.lora_r and self.strategy == "fsdp":
+            raise UserError("--lora_r with --strategy fsdp is not supported: LoRA keeps memory small, use --strategy ddp.")
+        contract.require_whole_micro_batches(self, world_size)
+
+
+def parse_args(argv: list[str] | None = None) -> SFTArgs:
+    return contract.HyperparameterParser(SFTArgs, description=__doc__, prog="sft.py").parse(argv)
 
 
 # --------------------------------------------------------------------------- data
@@ -179,7 +177,7 @@ def evaluate(model, examples: list[dict], learners, micro_batch_size: int, pad_t
 # --------------------------------------------------------------------------- model
 
 
-def build_model(args, model_path: str, learners: distributed.Learners):
+def build_model(args: SFTArgs, model_path: str, learners: distributed.Learners):
     """The model to train: full fine-tuning, or frozen base + LoRA adapters; wrapped for DDP/FSDP."""
     if args.lora_r > 0:
         from peft import LoraConfig, get_peft_model
@@ -199,12 +197,10 @@ def build_model(args, model_path: str, learners: distributed.Learners):
 # --------------------------------------------------------------------------- training
 
 
-def train(args, learners: distributed.Learners) -> bool:
+def train(args: SFTArgs, learners: distributed.Learners) -> bool:
     """Fine-tune on channel ``train`` and save the model. Returns False if stopped by SIGTERM (a
     checkpoint was saved and the run resumes from it), True when training finished."""
-    if args.batch_size % (args.per_device_batch_size * learners.world_size):
-        raise UserError(f"--batch_size {args.batch_size} must be a multiple of --per_device_batch_size "
-                        f"{args.per_device_batch_size} x {learners.world_size} processes.")
+    args.validate(learners.world_size)
     accumulation_steps = args.batch_size // (args.per_device_batch_size * learners.world_size)
     checkpoints.seed_everything(args.seed)
 

@@ -3,8 +3,9 @@ metric lines, data reading, model loading and the failure file.
 
 Modules (import them by name: ``from common import contract, distributed, ...``):
 
-- ``contract``     hyperparameters (``--key value`` / ``SM_HPS``), channels, ``SM_*`` paths,
-                   ``UserError`` and the ``main()`` wrapper that writes the failure file.
+- ``contract``     hyperparameters (an options dataclass read from ``--key value`` / ``SM_HPS``),
+                   channels, ``SM_*`` paths, ``UserError`` and the ``main()`` wrapper that writes
+                   the failure file.
 - ``distributed``  torchrun ranks, ``Learners`` (who trains together), DDP / FSDP2 wrapping,
                    EFA settings for p4d/p4de/p5, gradient-sync and collective helpers.
 - ``checkpoints``  atomic, resumable checkpoints (model, optimizer, scheduler, RNG, data position),

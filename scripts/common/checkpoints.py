@@ -48,19 +48,6 @@ torchrun (which would pass SIGTERM to its workers) all run under that bash and a
 ``SigtermFlag`` serves images whose entry point delivers SIGTERM to the script (and keeps the
 toolkit alive while the script saves) and runs by hand or under torchrun, which passes SIGTERM to
 its workers.
-
-API:
-    Checkpointer(directory, learners, keep=2, trainable_only=False, background=False)
-        .save(step, model, optimizer, scheduler=None, extra=None) -> Path | None
-        .wait()   until the background write (if any) is on disk; raises its error
-        .load_latest(model, optimizer, scheduler=None) -> dict | None
-              restores everything in place; returns {"step": int, "extra": dict} or None
-        .complete_checkpoints() -> list[Path]  (newest last)
-    CheckpointSchedule(every_steps, every_minutes, clock=time.monotonic)
-        .due(step, learners) -> bool   agreed by every learner (call once per step)
-    SigtermFlag()  install a SIGTERM handler; ``.received`` is set by the signal,
-                   ``.should_stop(learners)`` agrees across learners (call once per step)
-    seed_everything(seed), rng_state() / set_rng_state(state)
 """
 
 from __future__ import annotations
@@ -80,7 +67,6 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from common.contract import UserError
 from common.distributed import Learners, any_flag, barrier, is_fsdp, unwrap
 
 log = logging.getLogger("common")
@@ -474,17 +460,15 @@ class Checkpointer:
 
 class CheckpointSchedule:
     """When the loop saves: every ``every_steps`` steps and/or once ``every_minutes`` have passed
-    since the last save (or the start); 0 turns either off. Time bounds the loss in wall-clock
-    terms, which is what an interruption costs, whatever a step takes.
+    since the last save (or the start); 0 turns either off (``TrainingArgs.validate`` refuses
+    negative values). Time bounds the loss in wall-clock terms, which is what an interruption
+    costs, whatever a step takes.
 
     ``due`` is called once per step by every learner; with the time-based rule on, the learners
     agree through one all-reduce (their clocks are not read at the same instant).
     """
 
     def __init__(self, every_steps: int = 0, every_minutes: float = 0.0, clock=time.monotonic):
-        if every_steps < 0 or every_minutes < 0:
-            raise UserError(f"--checkpoint_every ({every_steps}) and --checkpoint_every_minutes ({every_minutes}) "
-                            "cannot be negative; 0 turns either off.")
         self.every_steps = every_steps
         self.every_seconds = every_minutes * 60.0
         self.clock = clock

@@ -16,34 +16,27 @@ Outside SageMaker (no ``SM_*`` variable but channels and ``SM_HPS``) every path 
 under the current directory (``./output/model``, ``./output/data``, ``./output/failure``,
 ``./checkpoints``); channels are folders given as ``SM_CHANNEL_TRAIN=/path/to/folder python sft.py``.
 
-API:
-    UserError                   an expected, explainable error: message only, no traceback
-    HyperparameterParser        argparse parser: no abbreviations, unknown option -> UserError
-                                listing the valid ones; ``parse(argv=None)`` merges ``SM_HPS``
-    str2bool                    argparse type accepting SageMaker's "True"/"False"
-    add_common_arguments(p)     --model_name_or_path --max_steps --seed --learning_rate
-                                --checkpoint_every --checkpoint_every_minutes --checkpoint_in_background
-                                --keep_checkpoints --checkpoint_dir
-                                --strategy --log_every
-    channel_file(name, file)    path of ``<file>`` in channel ``name`` (clear error when missing)
-    has_channel(name)           whether channel ``name`` was given
-    model_dir(), output_data_dir(), output_dir(), failure_file(), default_checkpoint_dir()
-    hosts(), current_host(), num_gpus(), instance_type(), on_sagemaker()
-    instance_groups(), current_instance_group()   the cluster's instance groups, this host's group
-    run_main(main)              call ``main()``; on error write the failure file, exit non-zero
+A script's hyperparameters are a dataclass: ``TrainingArgs`` (the options every training script
+has) and the script's own fields, each an ``option(default, help)``. ``HyperparameterParser``
+turns its fields into ``--name value`` arguments and returns an instance; the instance's
+``validate(world_size)`` holds every check of the values.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 import os
 import sys
 import time
 import traceback
+import types
+import typing
 from collections.abc import Callable
 from pathlib import Path
+from typing import Literal
 
 log = logging.getLogger("common")
 
@@ -190,17 +183,67 @@ def str2bool(value: str | bool) -> bool:
     raise argparse.ArgumentTypeError(f"expected true or false, got {value!r}")
 
 
-class HyperparameterParser(argparse.ArgumentParser):
-    """An ``ArgumentParser`` for SageMaker hyperparameters.
+def option(default, help: str, **argparse_options) -> dataclasses.Field:
+    """A hyperparameter: a dataclass field with its default and its ``--help`` text. Other
+    ``add_argument`` keywords (``choices=...``) go along. The help gets ``(default: ...)``
+    appended unless it says ``default:`` itself."""
+    return dataclasses.field(default=default, metadata={"help": help, "argparse": argparse_options})
 
+
+def _value_type(annotation) -> dict:
+    """``add_argument`` keywords for a field's type: int, float, str, bool (SageMaker's "True"),
+    ``X | None`` (as X, the default being None) and ``Literal[...]`` (choices)."""
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        kinds = [kind for kind in typing.get_args(annotation) if kind is not type(None)]
+        if len(kinds) != 1:
+            raise TypeError(f"an option is one type or that type | None, not {annotation}")
+        annotation = kinds[0]
+    if typing.get_origin(annotation) is typing.Literal:
+        choices = list(typing.get_args(annotation))
+        return {"type": type(choices[0]), "choices": choices}
+    if annotation is bool:
+        return {"type": str2bool}
+    if annotation in (int, float, str):
+        return {"type": annotation}
+    raise TypeError(f"options are int, float, str, bool, X | None or Literal[...], not {annotation}")
+
+
+class HyperparameterParser(argparse.ArgumentParser):
+    """The parser of an options dataclass: one ``--name`` per field, ``parse()`` returns an instance.
+
+    - a field's help is that of its ``option()``; a subclass that only changes a default
+      (``max_steps: int = 200``) keeps the help of the class that declared the field;
+    - the fields a class declares go under its ``help_group`` heading in ``--help``, if it has one;
     - abbreviations are refused (``--learning`` must not mean ``--learning_rate``);
     - an unknown or malformed hyperparameter raises ``UserError`` listing the valid ones;
     - ``parse()`` also reads ``SM_HPS`` (JSON) for keys not given on the command line.
     """
 
-    def __init__(self, description: str, **kwargs):
+    def __init__(self, options_class: type, description: str, **kwargs):
+        if not dataclasses.is_dataclass(options_class):
+            raise TypeError(f"{options_class.__name__} is not a dataclass")
         kwargs.setdefault("formatter_class", argparse.RawDescriptionHelpFormatter)
         super().__init__(description=description, allow_abbrev=False, **kwargs)
+        self.options_class = options_class
+        annotations = typing.get_type_hints(options_class)
+        # Base classes first: the first to have a field declared it; the last to give it help wins.
+        fields_by_class = [(klass, vars(klass)["__dataclass_fields__"]) for klass in reversed(options_class.__mro__)
+                      if "__dataclass_fields__" in vars(klass)]
+        groups = {None: self}
+        for field in dataclasses.fields(options_class):
+            declared_by = next(klass for klass, fields in fields_by_class if field.name in fields)
+            documented = [fields[field.name].metadata for _, fields in fields_by_class
+                          if "help" in getattr(fields.get(field.name), "metadata", {})]
+            if not documented:
+                raise TypeError(f"{options_class.__name__}.{field.name} has no help: declare it with option(default, help)")
+            help_text = documented[-1]["help"].replace("%", "%%")
+            if "default:" not in help_text:
+                help_text += " (default: %(default)s)"
+            heading = vars(declared_by).get("help_group")
+            if heading not in groups:
+                groups[heading] = self.add_argument_group(heading)
+            groups[heading].add_argument(f"--{field.name}", default=field.default, help=help_text,
+                                         **{**_value_type(annotations[field.name]), **documented[-1]["argparse"]})
 
     def valid_names(self) -> list[str]:
         return sorted(
@@ -213,7 +256,8 @@ class HyperparameterParser(argparse.ArgumentParser):
             f"Run `python {self.prog} --help` for what each one means."
         )
 
-    def parse(self, argv: list[str] | None = None) -> argparse.Namespace:
+    def parse(self, argv: list[str] | None = None):
+        """The options from ``argv`` (default ``sys.argv[1:]``), then ``SM_HPS``, then the defaults."""
         argv = list(sys.argv[1:] if argv is None else argv)
         given = {a[2:].split("=", 1)[0] for a in argv if a.startswith("--")}
         hps = json.loads(os.environ.get("SM_HPS", "{}") or "{}")
@@ -230,34 +274,56 @@ class HyperparameterParser(argparse.ArgumentParser):
                 f"Unknown hyperparameter {', '.join(repr(n) for n in names)}. Valid hyperparameters: "
                 f"{', '.join(self.valid_names())}. Run `python {self.prog} --help` for what each one means."
             )
-        return args
+        return self.options_class(**vars(args))
 
 
-def add_common_arguments(parser: argparse.ArgumentParser, *, model: str, learning_rate: float, max_steps: int) -> None:
-    """The options every training script has (defaults given by the script)."""
-    parser.add_argument("--model_name_or_path", default=model,
-                        help="hub id or local folder of the starting model; the 'model' channel "
-                             "(SM_CHANNEL_MODEL) wins over it when given (default: %(default)s)")
-    parser.add_argument("--max_steps", type=int, default=max_steps, help="optimizer steps to run (default: %(default)s)")
-    parser.add_argument("--seed", type=int, default=42, help="seed for data order and initialisation (default: %(default)s)")
-    parser.add_argument("--learning_rate", type=float, default=learning_rate, help="peak learning rate (default: %(default)s)")
-    parser.add_argument("--checkpoint_every", type=int, default=50,
-                        help="save a resumable checkpoint every N steps; 0 = not by steps (default: %(default)s)")
-    parser.add_argument("--checkpoint_every_minutes", type=float, default=0.0,
-                        help="also save once this many minutes have passed since the last save: bounds what a spot "
-                             "interruption costs in time; 0 = not by time (default: %(default)s)")
-    parser.add_argument("--checkpoint_in_background", type=str2bool, default=False,
-                        help="copy the state to CPU memory and write it in a thread while training goes on "
-                             "(default: %(default)s)")
-    parser.add_argument("--keep_checkpoints", type=int, default=2, help="how many recent checkpoints to keep (default: %(default)s)")
-    parser.add_argument("--checkpoint_dir", default=None,
-                        help="where checkpoints go and are resumed from (default: /opt/ml/checkpoints under "
-                             "SageMaker, synced with checkpoint_s3_uri; ./checkpoints by hand)")
-    parser.add_argument("--strategy", choices=["ddp", "fsdp"], default="ddp",
-                        help="ddp: a full model copy per GPU; fsdp: shard parameters, gradients and optimizer "
-                             "state (FSDP2, bf16 compute, activation checkpointing) for models that do not fit one GPU "
-                             "(default: %(default)s)")
-    parser.add_argument("--log_every", type=int, default=1, help="print a metric line every N steps (default: %(default)s)")
+def require_at_least_one(options, *names: str) -> None:
+    """``UserError`` for the first of the options ``names`` (counts, sizes) that is below 1."""
+    for name in names:
+        value = getattr(options, name)
+        if value < 1:
+            raise UserError(f"--{name} must be at least 1, got {value}.")
+
+
+def require_whole_micro_batches(options, world_size: int) -> None:
+    """``UserError`` unless ``--batch_size`` cuts into micro-batches of ``--per_device_batch_size``
+    on each of ``world_size`` processes."""
+    if options.batch_size % (options.per_device_batch_size * world_size):
+        raise UserError(f"--batch_size {options.batch_size} must be a multiple of --per_device_batch_size "
+                        f"{options.per_device_batch_size} x {world_size} processes.")
+
+
+@dataclasses.dataclass
+class TrainingArgs:
+    """The options every training script has. A script's options subclass this, add their own
+    fields and give the first ones the script's defaults (``max_steps: int = 200``)."""
+
+    model_name_or_path: str = option("Qwen/Qwen2.5-0.5B-Instruct",
+                                     "hub id or local folder of the starting model; the 'model' channel "
+                                     "(SM_CHANNEL_MODEL) wins over it when given")
+    max_steps: int = option(100, "optimizer steps to run")
+    seed: int = option(42, "seed for data order and initialisation")
+    learning_rate: float = option(1e-5, "peak learning rate")
+    checkpoint_every: int = option(50, "save a resumable checkpoint every N steps; 0 = not by steps")
+    checkpoint_every_minutes: float = option(0.0, "also save once this many minutes have passed since the last "
+                                                  "save: bounds what a spot interruption costs in time; 0 = not by time")
+    checkpoint_in_background: bool = option(False, "copy the state to CPU memory and write it in a thread while "
+                                                   "training goes on")
+    keep_checkpoints: int = option(2, "how many recent checkpoints to keep")
+    checkpoint_dir: str | None = option(None, "where checkpoints go and are resumed from (default: /opt/ml/checkpoints "
+                                              "under SageMaker, synced with checkpoint_s3_uri; ./checkpoints by hand)")
+    strategy: Literal["ddp", "fsdp"] = option("ddp", "ddp: a full model copy per GPU; fsdp: shard parameters, "
+                                                     "gradients and optimizer state (FSDP2, bf16 compute, activation "
+                                                     "checkpointing) for models that do not fit one GPU")
+    log_every: int = option(1, "print a metric line every N steps")
+
+    def validate(self, world_size: int) -> None:
+        """Refuse values that cannot work, saying which option to change (``world_size``: the
+        processes that train together). A script's class adds its own checks."""
+        require_at_least_one(self, "max_steps", "log_every")
+        if self.checkpoint_every < 0 or self.checkpoint_every_minutes < 0:
+            raise UserError(f"--checkpoint_every ({self.checkpoint_every}) and --checkpoint_every_minutes "
+                            f"({self.checkpoint_every_minutes}) cannot be negative; 0 turns either off.")
 
 
 # --------------------------------------------------------------------------- failure

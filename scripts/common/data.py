@@ -1,23 +1,4 @@
-"""Reading JSON Lines with errors that point at the bad row, and a reproducible batch order.
-
-API:
-    read_jsonl(path, fields, check=None) -> list[dict]
-        every row must be a JSON object with each of ``fields`` present and non-empty; ``check(row)``
-        may raise ``ValueError("...")`` for anything else. Errors are ``UserError`` naming the
-        file, the line number and the field.
-    BatchOrder(num_examples, batch_size, seed)
-        endless global batches of example indices: each epoch is a fresh permutation seeded by
-        (seed, epoch); ``.next()`` -> list[int]; ``.state_dict()`` / ``.load_state_dict()`` hold the
-        position, so a resumed run sees exactly the batches an uninterrupted one would.
-    shard_batch(indices, learners, micro_batch_size) -> list[list[int]]
-        this learner's micro-batches of a global batch (each learner gets the same number).
-    evaluation_batches(num_examples, learners, micro_batch_size) -> list[(list[int], bool)]
-        this learner's share of a whole evaluation set; every learner gets the same number of
-        batches (FSDP's forward is a collective), the padding ones flagged ``False`` (not counted).
-    pad_rows(rows, value, left, device) -> (ids, mask)
-        token-id rows padded with ``value`` to one width, on the left (prompts to generate from)
-        or the right (sequences to train on), and the 0/1 mask of the real tokens.
-"""
+"""Reading JSON Lines with errors that point at the bad row, and a reproducible batch order."""
 
 from __future__ import annotations
 
@@ -37,7 +18,9 @@ def _is_empty(value) -> bool:
 
 
 def read_jsonl(path: str | Path, fields: Sequence[str], check: Callable[[dict], None] | None = None) -> list[dict]:
-    """Rows of ``path``, validated (see module docstring)."""
+    """Rows of ``path``: every row a JSON object with each of ``fields`` present and non-empty;
+    ``check(row)`` may raise ``ValueError("...")`` for anything else. Errors are ``UserError``
+    naming the file, the line number and the field."""
     path = Path(path)
     if not path.is_file():
         raise UserError(f"Data file {path} does not exist.")
@@ -70,7 +53,9 @@ def read_jsonl(path: str | Path, fields: Sequence[str], check: Callable[[dict], 
 
 
 class BatchOrder:
-    """Endless, reproducible sequence of global batches (see module docstring)."""
+    """Endless, reproducible global batches of example indices: each epoch is a fresh permutation
+    seeded by (seed, epoch); ``state_dict()`` holds the position, so a resumed run sees exactly the
+    batches an uninterrupted one would."""
 
     def __init__(self, num_examples: int, batch_size: int, seed: int):
         if num_examples < 1:

@@ -3,25 +3,6 @@
 ``torchrun`` (started by the SageMaker toolkit when the estimator has
 ``distribution={"torch_distributed": {"enabled": True}}``) sets ``RANK``, ``LOCAL_RANK`` and
 ``WORLD_SIZE`` for every process; a plain ``python script.py`` is one learner.
-
-API:
-    Learners                    rank, world_size, local_rank, device, is_main (+ helpers below)
-    setup()                     read torchrun's variables, set EFA settings, start the process group
-                                (NCCL on GPUs, gloo on CPU), pick the device -> Learners
-    started()                   context: setup() on entry, teardown() on exit, also after an error
-    single_learner(device=None) a one-process ``Learners`` (code_rl trains on rank 0 only)
-    wrap_model(model, learners, strategy, activation_checkpointing=True)
-                                ``ddp``: DistributedDataParallel (or the bare model for one process);
-                                ``fsdp``: FSDP2 ``fully_shard`` per decoder layer + root,
-                                bf16 compute / fp32 reduction on GPU
-    unwrap(model)               the module underneath DDP (FSDP2 modules are their own)
-    is_fsdp(model)              whether the model is sharded with FSDP2 (``--strategy fsdp``)
-    gradient_sync(model, enabled) context: skip DDP's gradient all-reduce on accumulation micro-steps
-    autocast(learners)          bf16 autocast on GPU, nothing on CPU
-    clip_grad_norm(model, max_norm) -> float   the norm before clipping (DDP and FSDP2 alike)
-    all_reduce_sum(value, learners), any_flag(flag, learners), barrier(learners), teardown()
-    reduce_sums(sums, learners) -> dict  named sums over learners, in one all-reduce
-    configure_efa()             EFA variables for p4d/p4de/p5 (called by setup)
 """
 
 from __future__ import annotations

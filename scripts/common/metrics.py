@@ -9,12 +9,6 @@ Rank 0 prints one line per logging step, exactly::
 object to ``$SM_OUTPUT_DATA_DIR/metrics.jsonl``. A separate human line tells progress::
 
     progress: step 12/100 (12%) elapsed 0:01:05 eta 0:07:57 tokens/s 5321
-
-API:
-    MetricLogger(path, learners, max_steps, resume_step=0)
-        .add_tokens(count)                    a step's trained tokens over all learners (for tokens/s)
-        .log(step, metrics: dict)             rank 0 prints and appends; others do nothing
-    format_metric_line(step, metrics) -> str
 """
 
 from __future__ import annotations

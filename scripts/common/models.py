@@ -7,28 +7,6 @@ Precision: trained weights stay fp32 (master weights: bf16 cannot hold updates a
 lr * gradient) and compute in bf16 on GPU through ``distributed.autocast`` / FSDP2's mixed
 precision; frozen models (DPO's reference, LoRA's base) are loaded in bf16 on GPU. On CPU
 everything is fp32. The final model is saved in bf16 when trained on GPU, fp32 on CPU.
-
-API:
-    unpack_model_archive(learners)                channel 'model' may hold a job's model.tar.gz: unpack it
-    resolve_model_path(name_or_path, option="--model_name_or_path", use_channel=True) -> str
-                                                  the channel wins; bad local path -> UserError
-    load_tokenizer(path)                          padding on the right, a pad token always set, and
-                                                  PLAIN_CHAT_TEMPLATE when the tokenizer has no chat template
-    load_model(path, device, trainable=True, dtype=None)
-                                                  AutoModelForCausalLM, dtype as above
-                                                  (both: UserError for a folder only transformers 5 reads,
-                                                  when this is transformers 4)
-    add_transformers_4_keys(folder)               a folder saved by transformers 5 made readable by 4.56 too
-    compute_dtype(device)                         bf16 on GPU, fp32 on CPU
-    load_device(learners, strategy)               where to load a model that is then wrapped (CPU under FSDP)
-    prepare_for_training(model, learners, strategy, gradient_checkpointing=False)
-                                                  activation checkpointing, train mode, DDP/FSDP wrapping
-    load_reference(path, learners, strategy)      the frozen reference model, sharded like the policy under FSDP
-    build_optimizer(model, lr, weight_decay, betas=(0.9, 0.999))
-                                                  AdamW, decay on matrices only (not biases and norms)
-    save_final_model(model, tokenizer, out_dir, learners)
-                                                  safetensors + tokenizer (LoRA merged first),
-                                                  FSDP2 state gathered to rank 0, readable by 4.56 and 5
 """
 
 from __future__ import annotations
@@ -200,6 +178,8 @@ def _check_readable_here(path: str) -> None:
 
 
 def load_tokenizer(path: str):
+    """Padding on the right, a pad token always set, and ``PLAIN_CHAT_TEMPLATE`` when the
+    tokenizer has no chat template."""
     from transformers import AutoTokenizer
 
     _check_readable_here(path)

@@ -108,3 +108,30 @@ def test_a_failing_judge_fails_the_learner_without_hanging(tmp_path):
     done = run([TORCHRUN, "--standalone", "--nproc_per_node", "2", str(JOB), "broken"], env, timeout=120)
     assert "judge rank 1 failed: SandboxError" in done.stdout, done.stdout[-4000:]
     assert "JUDGES STOPPED" in done.stdout  # rank 0 still told the judges to stop, and they did
+
+
+@pytest.mark.parametrize("options, message", [
+    (["--time_limit", "0"], "--time_limit must be positive, got 0.0 (seconds)."),
+    (["--judge_timeout", "-5"], "--judge_timeout must be positive, got -5.0 (seconds)."),
+    (["--memory_limit_mb", "0"], "--memory_limit_mb must be at least 1, got 0."),
+    (["--max_tests", "-1"], "--max_tests cannot be negative, got -1"),
+    (["--num_generations", "1"], "at least 2 completions"),  # GRPO's own checks hold too
+])
+def test_bad_judging_options_are_refused(options, message):
+    import code_rl
+    from common.contract import UserError
+
+    args = code_rl.parse_args(options)
+    with pytest.raises(UserError, match=re.escape(message)):
+        args.validate(world_size=1)  # what main() does on every rank before its sandbox starts
+
+
+def test_help_lists_the_grpo_and_judging_options(capsys):
+    import code_rl
+
+    with pytest.raises(SystemExit):
+        code_rl.parse_args(["--help"])
+    grpo_part, judging = capsys.readouterr().out.split("\nGRPO:\n")[1].split("\njudging:\n")
+    judging = " ".join(judging.split())  # as one line, whatever the terminal's width
+    assert "--num_generations" in grpo_part and "--reward_mode {fraction,all_or_nothing}" in judging
+    assert "--self_test SELF_TEST attack the sandbox" in judging and "if any escapes (default: True)" in judging

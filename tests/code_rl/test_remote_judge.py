@@ -138,18 +138,24 @@ def test_a_killed_service_is_replaced_by_the_others_then_restarted(tmp_path):
 @pytest.mark.parametrize("change, message", [
     ({"judge_group": "judges"}, "'judges' is not an instance group of this job \\(groups: learner, judge\\)"),
     ({"judge_port": 80}, "--judge_port 80 must be in 1024..65533"),
-    ({"verdict_timeout": 0}, "--verdict_timeout must be above 0"),
 ])
 def test_bad_cluster_options_are_user_errors(monkeypatch, change, message):
     import code_rl
 
     monkeypatch.setenv("SM_INSTANCE_GROUPS_DICT", '{"learner": {"hosts": ["algo-1"]}, '
                                                   '"judge": {"hosts": ["algo-2", "algo-3"]}}')
-    args = code_rl.build_parser().parse(["--judge_group", "judge"])
+    args = code_rl.parse_args(["--judge_group", "judge"])
     for key, value in change.items():
         setattr(args, key, value)
     with pytest.raises(UserError, match=message):
         code_rl.judge_addresses(args)
+
+
+def test_a_verdict_timeout_of_zero_is_refused():
+    import code_rl
+
+    with pytest.raises(UserError, match="--verdict_timeout must be positive, got 0"):
+        code_rl.parse_args(["--judge_group", "judge", "--verdict_timeout", "0"]).validate(1)
 
 
 def test_judge_addresses_give_each_judge_host_its_port(monkeypatch):
@@ -157,8 +163,8 @@ def test_judge_addresses_give_each_judge_host_its_port(monkeypatch):
 
     monkeypatch.setenv("SM_INSTANCE_GROUPS_DICT", '{"learner": {"hosts": ["algo-1"]}, '
                                                   '"judge": {"hosts": ["algo-2", "algo-3"]}}')
-    args = code_rl.build_parser().parse(["--judge_group", "judge", "--judge_port", "30000"])
+    args = code_rl.parse_args(["--judge_group", "judge", "--judge_port", "30000"])
     assert code_rl.judge_addresses(args) == [("algo-2", 30000), ("algo-3", 30001)]
     monkeypatch.setenv("SM_INSTANCE_GROUPS_DICT", '{"homogeneousCluster": {"hosts": ["algo-1"]}}')
     with pytest.raises(UserError, match="only instance group"):
-        code_rl.judge_addresses(code_rl.build_parser().parse(["--judge_group", "homogeneousCluster"]))
+        code_rl.judge_addresses(code_rl.parse_args(["--judge_group", "homogeneousCluster"]))

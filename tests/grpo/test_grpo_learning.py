@@ -80,8 +80,8 @@ def run_grpo(tmp_path, monkeypatch, env, rows, model_path, options):
                          ("SM_OUTPUT_DATA_DIR", tmp_path / "data"), ("SM_OUTPUT_DIR", tmp_path / "output")]:
         monkeypatch.setenv(name, str(folder))
     monkeypatch.delenv("SM_HPS", raising=False)
-    args = grpo.build_parser().parse(["--model_name_or_path", str(model_path), "--checkpoint_dir",
-                                      str(tmp_path / "checkpoints"), "--checkpoint_every", "0", *options])
+    args = grpo.parse_args(["--model_name_or_path", str(model_path), "--checkpoint_dir",
+                            str(tmp_path / "checkpoints"), "--checkpoint_every", "0", *options])
     assert grpo.train(args, env, distributed.single_learner("cpu")) is True
     return [json.loads(line) for line in (tmp_path / "data" / "metrics.jsonl").read_text().splitlines()]
 

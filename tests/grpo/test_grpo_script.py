@@ -209,16 +209,18 @@ def test_bad_data_row_fails_with_reason(tiny_model_path, tmp_path):
     (["--prompts_per_step", "3"], "--prompts_per_step 3 must be a multiple of the number of learners (2)"),
     (["--num_generations", "1"], "at least 2 completions"),
     (["--temperature", "0"], "--temperature must be positive"),
+    (["--micro_batch_size", "0"], "--micro_batch_size must be at least 1, got 0."),  # not a ZeroDivisionError
+    (["--log_every", "0"], "--log_every must be at least 1, got 0."),
 ])
 def test_bad_options_are_refused_with_the_option_named(options, message):
     import grpo
     from common import distributed
     from common.contract import UserError
 
-    args = grpo.build_parser().parse(["--prompts_per_step", "4", "--num_generations", "4", *options])
+    args = grpo.parse_args(["--prompts_per_step", "4", "--num_generations", "4", *options])
     learners = distributed.Learners(rank=0, world_size=2, local_rank=0, device=torch.device("cpu"))
     with pytest.raises(UserError, match=re.escape(message)):
-        grpo.check_arguments(args, learners)
+        args.validate(learners.world_size)
 
 
 def test_unknown_hyperparameter_is_refused():
@@ -226,7 +228,7 @@ def test_unknown_hyperparameter_is_refused():
     from common.contract import UserError
 
     with pytest.raises(UserError, match="num_generations"):
-        grpo.build_parser().parse(["--num_generation", "4"])
+        grpo.parse_args(["--num_generation", "4"])
 
 
 def test_evaluate_end_to_end(tiny_model_path, offline_data, tmp_path):
@@ -258,7 +260,7 @@ def test_evaluate_end_to_end(tiny_model_path, offline_data, tmp_path):
         assert all({"completion", "reward", "correct", "reference", "example"} <= r.keys() for r in result["records"])
 
 
-def test_evaluate_refuses_an_unknown_environment():
+def test_evaluate_refuses_an_unknown_environment(monkeypatch):
     import importlib.util
 
     from common.contract import UserError
@@ -266,9 +268,12 @@ def test_evaluate_refuses_an_unknown_environment():
     # loaded from its file: a package called ``evaluate`` may be installed too
     spec = importlib.util.spec_from_file_location("evaluate_script", SCRIPTS / "evaluate.py")
     evaluate_script = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, spec.name, evaluate_script)  # its dataclass resolves its annotations there
     spec.loader.exec_module(evaluate_script)
     with pytest.raises(UserError, match=r"--environment.*gsm8k"):
-        evaluate_script.build_parser().parse(["--environment", "chess"])
+        evaluate_script.parse_args(["--environment", "chess"])
+    with pytest.raises(UserError, match=r"--batch_size must be at least 1, got 0."):
+        evaluate_script.parse_args(["--batch_size", "0"]).validate(world_size=1)
 
 
 def test_evaluate_code_environment_judges_in_the_sandbox(tiny_model_path, offline_data, tmp_path):

@@ -4,18 +4,46 @@ from __future__ import annotations
 
 import json
 import logging
+import re
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 import pytest
+from common import contract
+from common.contract import UserError, option
+
+
+@dataclass
+class _LoRAArgs(contract.TrainingArgs):
+    max_steps: int = 10  # a new default; the help stays TrainingArgs'
+    use_lora: bool = option(False, "a boolean")
+
+
+@dataclass
+class _EveryKindArgs:
+    count: int = option(3, "an int")
+    rate: float = option(0.5, "a float")
+    name: str = option("tiny", "a string")
+    flag: bool = option(True, "a boolean")
+    limit: float | None = option(None, "an optional float; default: no limit")
+    mode: Literal["fast", "exact"] = option("fast", "a choice from the annotation")
+    colour: str = option("red", "a choice from the metadata", choices=["red", "green"])
+    ratio: float = option(0.25, "a share in %")
+
+
+@dataclass
+class _GroupedArgs(_EveryKindArgs):
+    help_group = "extra"
+
+    count: int = 5  # still in the first section, with its help
+    level: int = option(1, "an option of the extra group")
 
 
 def _parser():
     from common import contract
 
-    parser = contract.HyperparameterParser("test script", prog="train.py")
-    contract.add_common_arguments(parser, model="Qwen/Qwen2.5-0.5B-Instruct", learning_rate=1e-5, max_steps=10)
-    parser.add_argument("--use_lora", type=contract.str2bool, default=False, help="a boolean")
-    return parser
+    return contract.HyperparameterParser(_LoRAArgs, description="test script", prog="train.py")
 
 
 def test_hyperparameters_as_sagemaker_passes_them(clean_env):
@@ -45,6 +73,105 @@ def test_bad_hyperparameters_are_user_errors_listing_valid_ones(clean_env, argv,
         _parser().parse(argv)
     assert expected in str(error.value)
     assert "Valid hyperparameters: checkpoint_dir, checkpoint_every," in str(error.value)
+
+
+def _every_kind(argv: list[str]):
+    return contract.HyperparameterParser(_EveryKindArgs, description="kinds", prog="kinds.py").parse(argv)
+
+
+def test_options_parse_to_their_annotated_types(clean_env):
+    assert _every_kind([]) == _EveryKindArgs()  # nothing given: the dataclass's defaults
+    args = _every_kind(["--count", "7", "--rate", "1e-3", "--name", "x", "--flag", "false", "--limit", "2.5",
+                        "--mode", "exact", "--colour=green"])
+    assert args == _EveryKindArgs(count=7, rate=1e-3, name="x", flag=False, limit=2.5, mode="exact", colour="green")
+    assert [type(value) for value in (args.count, args.rate, args.limit)] == [int, float, float]
+
+
+@pytest.mark.parametrize("text, value", [("True", True), ("true", True), ("1", True), ("yes", True),
+                                         ("False", False), ("false", False), ("0", False), ("no", False)])
+def test_booleans_as_sagemaker_and_people_write_them(clean_env, text, value):
+    assert _every_kind(["--flag", text]).flag is value
+
+
+@pytest.mark.parametrize("argv, expected", [
+    (["--mode", "slow"], "argument --mode: invalid choice: 'slow'"),  # choices from Literal[...]
+    (["--colour", "blue"], "argument --colour: invalid choice: 'blue'"),  # choices from option(choices=...)
+    (["--limit", "none"], "argument --limit: invalid float value: 'none'"),
+    (["--flag"], "argument --flag: expected one argument"),
+])
+def test_bad_values_name_the_option(clean_env, argv, expected):
+    with pytest.raises(UserError) as error:
+        _every_kind(argv)
+    assert expected in str(error.value)
+    assert "Valid hyperparameters: colour, count, flag, limit, mode, name, rate, ratio." in str(error.value)
+
+
+def test_sm_hps_values_arrive_as_the_toolkit_writes_them(clean_env):
+    clean_env.setenv("SM_HPS", json.dumps({"count": 9, "flag": False, "name": {"layers": [1, 2]}, "rate": 0.1,
+                                           "sagemaker_region": "us-east-1"}))
+    args = _every_kind(["--rate=0.2"])  # given on the command line (either spelling): SM_HPS does not override it
+    assert (args.count, args.flag, args.rate) == (9, False, 0.2)
+    assert json.loads(args.name) == {"layers": [1, 2]}  # a JSON value stays JSON, not Python's repr
+    clean_env.setenv("SM_HPS", json.dumps({"epochs": 3}))
+    with pytest.raises(UserError, match="Unknown hyperparameter 'epochs'"):
+        _every_kind([])
+
+
+def test_help_shows_each_default_once(clean_env):
+    text = contract.HyperparameterParser(_GroupedArgs, description="kinds", prog="kinds.py").format_help()
+    assert "an int (default: 5)" in text  # a subclass's default with the base class's help
+    assert "a share in % (default: 0.25)" in text
+    assert "a choice from the annotation (default: fast)" in text and "--mode {fast,exact}" in text
+    assert "an optional float; default: no limit" in text and "None" not in text  # its help says the default
+    options, extra = text.split("\noptions:\n")[1].split("\nextra:\n")  # a help_group class's own fields
+    assert re.findall(r"^  --([a-z_]+)", options, flags=re.M) == [
+        "count", "rate", "name", "flag", "limit", "mode", "colour", "ratio"]
+    assert re.findall(r"^  --([a-z_]+)", extra, flags=re.M) == ["level"]
+    common = _parser().format_help()
+    assert "optimizer steps to run (default: 10)" in common and "print a metric line every N steps (default: 1)" in common
+
+
+def test_options_classes_are_checked_when_the_parser_is_built():
+    @dataclass
+    class Undocumented:
+        steps: int = 3
+
+    @dataclass
+    class Listed:
+        names: list = option(None, "names")
+
+    with pytest.raises(TypeError, match=r"Undocumented.steps has no help: declare it with option\(default, help\)"):
+        contract.HyperparameterParser(Undocumented, description="", prog="x.py")
+    with pytest.raises(TypeError, match="options are int, float, str, bool"):
+        contract.HyperparameterParser(Listed, description="", prog="x.py")
+    with pytest.raises(TypeError, match="is not a dataclass"):
+        contract.HyperparameterParser(dict, description="", prog="x.py")
+
+
+@pytest.mark.parametrize("changes, message", [
+    ({"log_every": 0}, "--log_every must be at least 1, got 0."),  # was a ZeroDivisionError at the first step
+    ({"max_steps": 0}, "--max_steps must be at least 1, got 0."),
+    ({"checkpoint_every": -1}, "--checkpoint_every (-1) and --checkpoint_every_minutes (0.0) cannot be negative"),
+    ({"checkpoint_every_minutes": -1.0}, "cannot be negative; 0 turns either off."),
+])
+def test_validate_refuses_values_that_cannot_work(changes, message):
+    args = contract.TrainingArgs(**changes)
+    with pytest.raises(UserError) as error:
+        args.validate(world_size=1)
+    assert message in str(error.value)
+    contract.TrainingArgs().validate(world_size=8)  # the defaults are valid
+
+
+def test_a_validate_error_is_the_jobs_failure_reason(clean_env, tmp_path):
+    clean_env.setenv("SM_OUTPUT_DIR", str(tmp_path / "output"))  # /opt/ml/output on SageMaker
+
+    def main():
+        _parser().parse(["--log_every", "0"]).validate(world_size=1)
+
+    with pytest.raises(SystemExit) as stopped:
+        contract.run_main(main)
+    assert stopped.value.code == 1
+    assert (tmp_path / "output" / "failure").read_text() == "--log_every must be at least 1, got 0.\n"
 
 
 def test_paths_by_hand_and_under_sagemaker(clean_env, tmp_path):

@@ -131,6 +131,22 @@ def test_unknown_hyperparameter_from_sm_hps(failing_run, offline_data, tiny_mode
     assert "Unknown hyperparameter 'betta'" in reason
 
 
+@pytest.mark.parametrize("name, options, expected", [
+    ("sft", ["--log_every", "0"], "--log_every must be at least 1, got 0."),  # was a ZeroDivisionError
+    ("sft", ["--lora_r", "8", "--strategy", "fsdp"], "--lora_r with --strategy fsdp is not supported"),
+    ("sft", ["--batch_size", "6", "--per_device_batch_size", "4"],
+     "--batch_size 6 must be a multiple of --per_device_batch_size 4 x 1 processes."),
+    ("dpo", ["--max_prompt_length", "1024"], "--max_prompt_length (1024) must be below --max_length (1024)."),
+    ("dpo", ["--beta", "0"], "--beta must be positive, got 0.0."),
+    ("dpo", ["--per_device_batch_size", "0"], "--per_device_batch_size must be at least 1, got 0."),
+])
+def test_bad_option_values_are_the_failure_reason(failing_run, offline_data, tiny_model_path, name, options,
+                                                  expected):
+    channel = offline_data["chat" if name == "sft" else "preferences"]
+    reason = failing_run(name, ["--model_name_or_path", str(tiny_model_path), *options], {"train": channel})
+    assert expected in reason
+
+
 def test_missing_field_names_file_line_and_field(failing_run, tmp_path, tiny_model_path):
     rows = [{"prompt": "p", "chosen": "a", "rejected": "b"}, {"prompt": "p", "chosen": "a"}]
     folder = _write_jsonl(tmp_path / "prefs", rows)
