@@ -62,6 +62,7 @@ test: $(VENV)/.stamp $(SDK_V3_KERNEL) $(IMAGE_VENV)/.stamp
 
 lint: $(VENV)/.stamp
 	$(PY) -m ruff check helpers scripts session_loops tests bench notebooks
+	$(PY) -m ruff format --check helpers scripts session_loops tests bench
 
 bench: $(VENV)/.stamp
 	$(PY) -m bench.run_all

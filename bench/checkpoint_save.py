@@ -69,8 +69,13 @@ def measure(name: str, rounds: int) -> dict:
         size = sum(p.stat().st_size for p in saved.iterdir())
         shutil.rmtree(saved)
     parameters = sum(p.numel() for p in model.parameters())
-    return {"model": name, "parameters": parameters, "size_mb": size / 1e6,
-            "copy_s": median(copies), "save_s": median(saves)}
+    return {
+        "model": name,
+        "parameters": parameters,
+        "size_mb": size / 1e6,
+        "copy_s": median(copies),
+        "save_s": median(saves),
+    }
 
 
 SHARDED_MODES = ("gathered", "sharded", "background")
@@ -142,7 +147,8 @@ def sharded_worker(mode: str, rounds: int, result_path: Path) -> None:
             started = time.perf_counter()
             if mode == "gathered":
                 model_state, optimizer_state = get_state_dict(
-                    model, optimizer, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+                    model, optimizer, options=StateDictOptions(full_state_dict=True, cpu_offload=True)
+                )
                 if learners.is_main:
                     for name, state in (("model.pt", model_state), ("optimizer.pt", optimizer_state)):
                         with open(root / name, "wb") as handle:
@@ -165,10 +171,20 @@ def sharded_worker(mode: str, rounds: int, result_path: Path) -> None:
         barrier(learners)
     if learners.is_main:
         parameters = sum(p.numel() for p in model.parameters())  # FSDP2 DTensors: the global count
-        result_path.write_text(json.dumps({
-            "mode": mode, "processes": learners.world_size, "parameters": parameters,
-            "wait_s": median(waits), "written_s": median(written), "rank0_mb": rank0_bytes / 1e6,
-            "rss_before_mb": rss_before, "rss_peak_mb": _peak_rss_mb()}))
+        result_path.write_text(
+            json.dumps(
+                {
+                    "mode": mode,
+                    "processes": learners.world_size,
+                    "parameters": parameters,
+                    "wait_s": median(waits),
+                    "written_s": median(written),
+                    "rank0_mb": rank0_bytes / 1e6,
+                    "rss_before_mb": rss_before,
+                    "rss_peak_mb": _peak_rss_mb(),
+                }
+            )
+        )
     teardown()
 
 
@@ -181,8 +197,20 @@ def measure_sharded(mode: str, rounds: int, processes: int = 2) -> dict:
     torchrun = str(Path(sys.executable).parent / "torchrun")
     with tempfile.TemporaryDirectory(prefix="checkpoint-bench-") as folder:
         result = Path(folder) / "result.json"
-        command = [torchrun, "--standalone", "--nproc_per_node", str(processes), "-m", "bench.checkpoint_save",
-                   "--worker", mode, "--rounds", str(rounds), "--result", str(result)]
+        command = [
+            torchrun,
+            "--standalone",
+            "--nproc_per_node",
+            str(processes),
+            "-m",
+            "bench.checkpoint_save",
+            "--worker",
+            mode,
+            "--rounds",
+            str(rounds),
+            "--result",
+            str(result),
+        ]
         env = {**os.environ, "OMP_NUM_THREADS": "1"}
         run = subprocess.run(command, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=1800)
         if run.returncode != 0:
@@ -202,21 +230,29 @@ def main(argv: list[str] | None = None) -> None:
         sharded_worker(args.worker, args.rounds, args.result)
         return
     if args.sharded:
-        print("| FSDP2 checkpoint | processes | parameters | training waits s | whole after s | rank-0 MB written "
-              "| rank-0 peak RSS MB (before saving) |")
+        print(
+            "| FSDP2 checkpoint | processes | parameters | training waits s | whole after s | rank-0 MB written "
+            "| rank-0 peak RSS MB (before saving) |"
+        )
         print("|---|---|---|---|---|---|---|")
         for mode in SHARDED_MODES:
             row = measure_sharded(mode, min(args.rounds, 3))
-            print(f"| {row['mode']} | {row['processes']} | {row['parameters'] / 1e6:.1f} M | {row['wait_s']:.2f} "
-                  f"| {row['written_s']:.2f} | {row['rank0_mb']:.0f} | {row['rss_peak_mb']:.0f} "
-                  f"({row['rss_before_mb']:.0f}) |", flush=True)
+            print(
+                f"| {row['mode']} | {row['processes']} | {row['parameters'] / 1e6:.1f} M | {row['wait_s']:.2f} "
+                f"| {row['written_s']:.2f} | {row['rank0_mb']:.0f} | {row['rss_peak_mb']:.0f} "
+                f"({row['rss_before_mb']:.0f}) |",
+                flush=True,
+            )
         return
     print("| model | parameters | checkpoint MB | copy s (background) | save s (synchronous) | save / copy |")
     print("|---|---|---|---|---|---|")
     for name in args.models:
         row = measure(name, args.rounds)
-        print(f"| {row['model']} | {row['parameters'] / 1e6:.1f} M | {row['size_mb']:.1f} | {row['copy_s']:.3f} "
-              f"| {row['save_s']:.3f} | {row['save_s'] / row['copy_s']:.1f}x |", flush=True)
+        print(
+            f"| {row['model']} | {row['parameters'] / 1e6:.1f} M | {row['size_mb']:.1f} | {row['copy_s']:.3f} "
+            f"| {row['save_s']:.3f} | {row['save_s'] / row['copy_s']:.1f}x |",
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

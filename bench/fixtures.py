@@ -55,8 +55,13 @@ def build_small_model(out_dir: str | Path, seed: int = 0) -> Path:
     from helpers.tiny_model import tiny_model_dir
 
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir())
-    config = Qwen2Config(vocab_size=len(tokenizer), bos_token_id=tokenizer.pad_token_id,
-                         eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id, **SMALL_CONFIG)
+    config = Qwen2Config(
+        vocab_size=len(tokenizer),
+        bos_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        **SMALL_CONFIG,
+    )
     torch.manual_seed(seed)
     model = Qwen2ForCausalLM(config)
     model.generation_config.eos_token_id = tokenizer.eos_token_id

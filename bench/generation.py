@@ -66,14 +66,25 @@ def measure(models: list[str], rounds: int = 3, threads: int = 1, log=print) -> 
                 started = time.perf_counter()
                 tokens = run(generator, prompts)
                 rates[way].append(tokens / (time.perf_counter() - started))
-            log(f"  generation {name} round {round_index + 1}: batched {rates['batched'][-1]:.0f} tokens/s, "
-                f"one call per completion {rates['one_by_one'][-1]:.0f} tokens/s")
+            log(
+                f"  generation {name} round {round_index + 1}: batched {rates['batched'][-1]:.0f} tokens/s, "
+                f"one call per completion {rates['one_by_one'][-1]:.0f} tokens/s"
+            )
         ours, baseline = median(rates["batched"]), median(rates["one_by_one"])
         params = parameter_count(path) / 1e6
-        rows.append(Row("grpo rollout throughput", f"{name} ({params:.1f} M params)", ours, "tokens/s", baseline,
-                        "one call per completion", peak_rss_mib(),
-                        notes=f"{PROMPTS} prompts x {GROUP} completions, {MAX_NEW_TOKENS} new tokens, median of "
-                              f"{rounds}; ratio > 1 = batched faster; memory: the process running both"))
+        rows.append(
+            Row(
+                "grpo rollout throughput",
+                f"{name} ({params:.1f} M params)",
+                ours,
+                "tokens/s",
+                baseline,
+                "one call per completion",
+                peak_rss_mib(),
+                notes=f"{PROMPTS} prompts x {GROUP} completions, {MAX_NEW_TOKENS} new tokens, median of "
+                f"{rounds}; ratio > 1 = batched faster; memory: the process running both",
+            )
+        )
     return rows
 
 

@@ -46,30 +46,53 @@ from bench.tables import Row, format_table, machine_description, median, peak_rs
 # Dense bf16 peak of one GPU, FLOP/s (NVIDIA data sheets, SXM parts).
 PEAK_BF16_FLOPS = {"H200": 989e12, "H100": 989e12, "A100": 312e12, "L40S": 362e12, "A10G": 125e12}
 
-QWEN2_5_0_5B_LAYOUT = dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
-                           num_key_value_heads=2)
-SMOKE_SHAPE = ModelShape(vocab_size=2048, hidden_size=64, intermediate_size=128, num_layers=2, num_heads=4,
-                         num_kv_heads=2, tied_embeddings=True, qkv_bias=True)
+QWEN2_5_0_5B_LAYOUT = dict(
+    hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14, num_key_value_heads=2
+)
+SMOKE_SHAPE = ModelShape(
+    vocab_size=2048,
+    hidden_size=64,
+    intermediate_size=128,
+    num_layers=2,
+    num_heads=4,
+    num_kv_heads=2,
+    tied_embeddings=True,
+    qkv_bias=True,
+)
 
 
 def qwen2_config(shape: ModelShape, **overrides):
     from transformers import Qwen2Config
 
-    return Qwen2Config(vocab_size=shape.vocab_size, hidden_size=shape.hidden_size,
-                       intermediate_size=shape.intermediate_size, num_hidden_layers=shape.num_layers,
-                       num_attention_heads=shape.num_heads, num_key_value_heads=shape.num_kv_heads,
-                       tie_word_embeddings=shape.tied_embeddings, max_position_embeddings=32768, use_cache=False,
-                       **overrides)
+    return Qwen2Config(
+        vocab_size=shape.vocab_size,
+        hidden_size=shape.hidden_size,
+        intermediate_size=shape.intermediate_size,
+        num_hidden_layers=shape.num_layers,
+        num_attention_heads=shape.num_heads,
+        num_key_value_heads=shape.num_kv_heads,
+        tie_word_embeddings=shape.tied_embeddings,
+        max_position_embeddings=32768,
+        use_cache=False,
+        **overrides,
+    )
 
 
 def llama_config(shape: ModelShape):
     from transformers import LlamaConfig
 
-    return LlamaConfig(vocab_size=shape.vocab_size, hidden_size=shape.hidden_size,
-                       intermediate_size=shape.intermediate_size, num_hidden_layers=shape.num_layers,
-                       num_attention_heads=shape.num_heads, num_key_value_heads=shape.num_kv_heads,
-                       tie_word_embeddings=shape.tied_embeddings, max_position_embeddings=131072, use_cache=False,
-                       rope_theta=500000.0)
+    return LlamaConfig(
+        vocab_size=shape.vocab_size,
+        hidden_size=shape.hidden_size,
+        intermediate_size=shape.intermediate_size,
+        num_hidden_layers=shape.num_layers,
+        num_attention_heads=shape.num_heads,
+        num_key_value_heads=shape.num_kv_heads,
+        tie_word_embeddings=shape.tied_embeddings,
+        max_position_embeddings=131072,
+        use_cache=False,
+        rope_theta=500000.0,
+    )
 
 
 def peak_flops(device: torch.device) -> float | None:
@@ -121,8 +144,9 @@ def start_process_group():
         with socket.socket() as probe:
             probe.bind(("127.0.0.1", 0))
             port = probe.getsockname()[1]
-        os.environ.update({"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1",
-                           "MASTER_PORT": str(port)})
+        os.environ.update(
+            {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+        )
     learners = distributed.setup()
     if not dist.is_initialized():
         backend = "nccl" if learners.device.type == "cuda" else "gloo"
@@ -133,8 +157,9 @@ def start_process_group():
 # --------------------------------------------------------------------------- 1. SFT throughput
 
 
-def train_steps_fsdp(model, learners, micro_batch: int, seq_len: int, vocab_size: int, steps: int,
-                     gradient_accumulation: int = 1) -> list[float]:
+def train_steps_fsdp(
+    model, learners, micro_batch: int, seq_len: int, vocab_size: int, steps: int, gradient_accumulation: int = 1
+) -> list[float]:
     """``steps`` SFT optimizer steps on random tokens with sft.py's loss and optimizer; seconds each."""
     import sft
     from common import distributed, models
@@ -161,8 +186,9 @@ def train_steps_fsdp(model, learners, micro_batch: int, seq_len: int, vocab_size
     return times
 
 
-def sft_benchmark(learners, shape: ModelShape, micro_batch: int, seq_len: int, warmup: int, steps: int,
-                  log) -> list[Row]:
+def sft_benchmark(
+    learners, shape: ModelShape, micro_batch: int, seq_len: int, warmup: int, steps: int, log
+) -> list[Row]:
     from common import distributed
     from transformers import Qwen2ForCausalLM
 
@@ -178,17 +204,29 @@ def sft_benchmark(learners, shape: ModelShape, micro_batch: int, seq_len: int, w
     peak = peak_flops(learners.device)
     mfu = flops_per_token(shape, seq_len) * tokens_per_s / (learners.world_size * peak) if peak else None
     memory = memory_now(learners.device)
-    log(f"SFT {params_label(shape)}: {step_time:.3f} s/step, {tokens_per_s:.0f} tokens/s, "
-        f"MFU {'-' if mfu is None else f'{100 * mfu:.1f} %'}, peak memory {memory:.0f} MiB")
+    log(
+        f"SFT {params_label(shape)}: {step_time:.3f} s/step, {tokens_per_s:.0f} tokens/s, "
+        f"MFU {'-' if mfu is None else f'{100 * mfu:.1f} %'}, peak memory {memory:.0f} MiB"
+    )
     del model
-    case = (f"{params_label(shape)} params, {learners.world_size} x {learners.device.type}, "
-            f"micro-batch {micro_batch} x {seq_len} tokens")
+    case = (
+        f"{params_label(shape)} params, {learners.world_size} x {learners.device.type}, "
+        f"micro-batch {micro_batch} x {seq_len} tokens"
+    )
     kind = "max allocated" if learners.device.type == "cuda" else "RSS"
     precision = "bf16 compute" if learners.device.type == "cuda" else "fp32 (CPU)"
     how = f"median of {steps} steps after {warmup} warm-up; FSDP2, {precision}, activation checkpointing"
-    return [Row("sft throughput", case, tokens_per_s, "tokens/s", memory_mib=memory, memory_kind=kind, notes=how),
-            Row("sft MFU", case, None if mfu is None else 100 * mfu, "%", memory_kind=kind,
-                notes="goal >= 40 % on H100/H200" if mfu is not None else "no bf16 peak known for this device")]
+    return [
+        Row("sft throughput", case, tokens_per_s, "tokens/s", memory_mib=memory, memory_kind=kind, notes=how),
+        Row(
+            "sft MFU",
+            case,
+            None if mfu is None else 100 * mfu,
+            "%",
+            memory_kind=kind,
+            notes="goal >= 40 % on H100/H200" if mfu is not None else "no bf16 peak known for this device",
+        ),
+    ]
 
 
 # --------------------------------------------------------------------------- 3. memory plan check
@@ -205,8 +243,17 @@ def memory_check(learners, shape: ModelShape, micro_batch: int, seq_len: int, lo
     case = f"{shape.num_layers}-layer {name} shape ({params_label(shape)}), micro-batch {micro_batch} x {seq_len}"
     if learners.device.type != "cuda":
         log(f"memory plan check: predicted {plan['total'] / GIB:.2f} GiB; no CUDA device to measure on")
-        return [Row("memory plan check", case, None, "GiB", plan["total"] / GIB, "plan",
-                    notes="measured only on a CUDA device (torch.cuda.max_memory_allocated)")]
+        return [
+            Row(
+                "memory plan check",
+                case,
+                None,
+                "GiB",
+                plan["total"] / GIB,
+                "plan",
+                notes="measured only on a CUDA device (torch.cuda.max_memory_allocated)",
+            )
+        ]
     reset_peak(learners.device)
     torch.manual_seed(0)
     with torch.device(learners.device):
@@ -218,9 +265,19 @@ def memory_check(learners, shape: ModelShape, micro_batch: int, seq_len: int, lo
     del model
     reset_peak(learners.device)
     log(f"memory plan check: predicted {plan['total'] / GIB:.2f} GiB, measured {measured / GIB:.2f} GiB")
-    return [Row("memory plan check", case, measured / GIB, "GiB", plan["total"] / GIB, "plan",
-                memory_mib=measured / 2**20, memory_kind="max allocated",
-                notes="ours = measured max_memory_allocated; ratio = measured / predicted")]
+    return [
+        Row(
+            "memory plan check",
+            case,
+            measured / GIB,
+            "GiB",
+            plan["total"] / GIB,
+            "plan",
+            memory_mib=measured / 2**20,
+            memory_kind="max allocated",
+            notes="ours = measured max_memory_allocated; ratio = measured / predicted",
+        )
+    ]
 
 
 # --------------------------------------------------------------------------- 2. GRPO vs TRL
@@ -233,11 +290,20 @@ def build_grpo_model(out_dir: Path, smoke: bool) -> Path:
     from helpers.tiny_model import tiny_model_dir
 
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir())
-    layout = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                  num_key_value_heads=2) if smoke else QWEN2_5_0_5B_LAYOUT
-    config = Qwen2Config(vocab_size=len(tokenizer), eos_token_id=tokenizer.eos_token_id,
-                         pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.pad_token_id,
-                         tie_word_embeddings=True, max_position_embeddings=4096, **layout)
+    layout = (
+        dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2)
+        if smoke
+        else QWEN2_5_0_5B_LAYOUT
+    )
+    config = Qwen2Config(
+        vocab_size=len(tokenizer),
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=tokenizer.pad_token_id,
+        tie_word_embeddings=True,
+        max_position_embeddings=4096,
+        **layout,
+    )
     torch.manual_seed(0)
     model = Qwen2ForCausalLM(config)
     model.generation_config.eos_token_id = tokenizer.eos_token_id
@@ -266,31 +332,58 @@ def grpo_benchmark(device: torch.device, smoke: bool, rounds: int, warmup: int, 
             for impl in ("ours", "trl") if round_index % 2 == 0 else ("trl", "ours"):
                 reset_peak(device)
                 runner = train_steps.run_ours if impl == "ours" else train_steps.run_trl
-                result = runner("grpo", model_path, data, total, work / f"{impl}-{round_index}", settings,
-                                str(device))
+                result = runner("grpo", model_path, data, total, work / f"{impl}-{round_index}", settings, str(device))
                 for key in ("step_times", "gen_times", "reward_times"):
                     result[key] = result[key][warmup:]
                 result["memory"] = memory_now(device)
                 runs[impl].append(result)
-                log(f"GRPO {impl} round {round_index + 1}: {median(result['step_times']):.3f} s/step "
-                    f"(generation {median(result['gen_times']):.3f} s), peak memory {result['memory']:.0f} MiB")
+                log(
+                    f"GRPO {impl} round {round_index + 1}: {median(result['step_times']):.3f} s/step "
+                    f"(generation {median(result['gen_times']):.3f} s), peak memory {result['memory']:.0f} MiB"
+                )
     kind = "max allocated" if device.type == "cuda" else "RSS"
-    case = (f"{'smoke' if smoke else 'Qwen2.5-0.5B layout'}, {settings['prompts_per_step']} prompts x "
-            f"{settings['num_generations']}, {settings['max_new_tokens']} new tokens, {device.type}")
+    case = (
+        f"{'smoke' if smoke else 'Qwen2.5-0.5B layout'}, {settings['prompts_per_step']} prompts x "
+        f"{settings['num_generations']}, {settings['max_new_tokens']} new tokens, {device.type}"
+    )
     rows = []
     parts = {}
     for impl in ("ours", "trl"):
-        pooled = {key: [v for run in runs[impl] for v in run[key]] for key in ("step_times", "gen_times", "reward_times")}
-        rest = [s - g - r for s, g, r in zip(pooled["step_times"], pooled["gen_times"], pooled["reward_times"],
-                                             strict=False)]
-        parts[impl] = (median(pooled["step_times"]), median(pooled["gen_times"]), median(pooled["reward_times"]),
-                       median(rest), max(run["memory"] for run in runs[impl]))
+        pooled = {
+            key: [v for run in runs[impl] for v in run[key]] for key in ("step_times", "gen_times", "reward_times")
+        }
+        rest = [
+            s - g - r
+            for s, g, r in zip(pooled["step_times"], pooled["gen_times"], pooled["reward_times"], strict=False)
+        ]
+        parts[impl] = (
+            median(pooled["step_times"]),
+            median(pooled["gen_times"]),
+            median(pooled["reward_times"]),
+            median(rest),
+            max(run["memory"] for run in runs[impl]),
+        )
     how = f"median of {rounds}x{steps} steps after {warmup} warm-up, alternating; both with transformers generate"
-    rows.append(Row("grpo step", case, parts["ours"][0], "s/step", parts["trl"][0], "TRL GRPOTrainer",
-                    parts["ours"][4], parts["trl"][4], kind, notes=how))
+    rows.append(
+        Row(
+            "grpo step",
+            case,
+            parts["ours"][0],
+            "s/step",
+            parts["trl"][0],
+            "TRL GRPOTrainer",
+            parts["ours"][4],
+            parts["trl"][4],
+            kind,
+            notes=how,
+        )
+    )
     for index, part in ((1, "generation"), (2, "reward"), (3, "training (log-probs, loss, backward, step)")):
-        rows.append(Row(f"grpo step: {part}", case, parts["ours"][index], "s/step", parts["trl"][index], "TRL",
-                        memory_kind=kind))
+        rows.append(
+            Row(
+                f"grpo step: {part}", case, parts["ours"][index], "s/step", parts["trl"][index], "TRL", memory_kind=kind
+            )
+        )
     return rows
 
 
@@ -308,7 +401,9 @@ def main(argv: list[str] | None = None) -> Path:
     parser.add_argument("--grpo_steps", type=int, default=3, help="GRPO steps measured per run (default: 3)")
     parser.add_argument("--plan_micro_batch", type=int, default=1, help="8 B plan: sequences per GPU (default: 1)")
     parser.add_argument("--plan_seq_len", type=int, default=4096, help="8 B plan: sequence length (default: 4096)")
-    parser.add_argument("--skip", nargs="*", default=[], choices=["sft", "grpo", "memory"], help="sections to leave out")
+    parser.add_argument(
+        "--skip", nargs="*", default=[], choices=["sft", "grpo", "memory"], help="sections to leave out"
+    )
     parser.add_argument("--out", default=str(REPO_ROOT / "outputs" / "bench" / "gpu_benchmark.md"))
     args = parser.parse_args(argv)
     if args.smoke:
@@ -338,22 +433,33 @@ def main(argv: list[str] | None = None) -> Path:
     plan = memory_plan(plan_shape, world_size=8, micro_batch=args.plan_micro_batch, seq_len=args.plan_seq_len)
     if "memory" not in args.skip and learners.world_size == 1:
         check_shape = LLAMA_3_1_8B.replace(num_layers=2) if not args.smoke else SMOKE_SHAPE
-        rows += memory_check(learners, check_shape, args.plan_micro_batch, args.plan_seq_len if not args.smoke else 32,
-                             log)
+        rows += memory_check(
+            learners, check_shape, args.plan_micro_batch, args.plan_seq_len if not args.smoke else 32, log
+        )
     dist.barrier()
     dist.destroy_process_group()
     if not is_main:
         return Path(args.out)
 
-    text = [f"# GPU benchmark{' (smoke run, tiny shapes)' if args.smoke else ''}", "",
-            f"Machine: {machine_description()}" + (f"; {torch.cuda.get_device_name(device)}" if device.type == "cuda"
-                                                   else ""), "",
-            format_table(rows, "Measured"), "",
-            format_plan(plan, f"{'Smoke shape' if args.smoke else 'Llama-3.1-8B'} full fine-tune on 8 x A100 80 GB "
-                              f"(ml.p4de.24xlarge): FSDP2, bf16 compute, fp32 master weights, activation "
-                              f"checkpointing, micro-batch {args.plan_micro_batch} x {args.plan_seq_len} tokens", 80)]
-    bf16_plan = memory_plan(plan_shape, world_size=8, micro_batch=args.plan_micro_batch, seq_len=args.plan_seq_len,
-                            master_dtype="bf16")
+    text = [
+        f"# GPU benchmark{' (smoke run, tiny shapes)' if args.smoke else ''}",
+        "",
+        f"Machine: {machine_description()}"
+        + (f"; {torch.cuda.get_device_name(device)}" if device.type == "cuda" else ""),
+        "",
+        format_table(rows, "Measured"),
+        "",
+        format_plan(
+            plan,
+            f"{'Smoke shape' if args.smoke else 'Llama-3.1-8B'} full fine-tune on 8 x A100 80 GB "
+            f"(ml.p4de.24xlarge): FSDP2, bf16 compute, fp32 master weights, activation "
+            f"checkpointing, micro-batch {args.plan_micro_batch} x {args.plan_seq_len} tokens",
+            80,
+        ),
+    ]
+    bf16_plan = memory_plan(
+        plan_shape, world_size=8, micro_batch=args.plan_micro_batch, seq_len=args.plan_seq_len, master_dtype="bf16"
+    )
     text.append(f"\nWith bf16 master weights and AdamW states: {bf16_plan['total'] / GIB:.2f} GiB per GPU.\n")
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -33,9 +33,7 @@ def first_line_time(session, job_name: str) -> float:
         logGroupName="/aws/sagemaker/TrainingJobs", logStreamNamePrefix=job_name + "/algo-1"
     )
     stream = streams["logStreams"][0]["logStreamName"]
-    events = logs.get_log_events(
-        logGroupName="/aws/sagemaker/TrainingJobs", logStreamName=stream, startFromHead=True
-    )
+    events = logs.get_log_events(logGroupName="/aws/sagemaker/TrainingJobs", logStreamName=stream, startFromHead=True)
     for event in events["events"]:
         if event["message"].startswith("first line at "):
             return float(event["message"].split()[-1])
@@ -83,9 +81,7 @@ def main() -> None:
 
     rows = []
     with contextlib.redirect_stdout(io.StringIO()):
-        cold = one_run(
-            session, role, code, 1
-        )  # right after make_session: the warm server is still importing torch
+        cold = one_run(session, role, code, 1)  # right after make_session: the warm server is still importing torch
     for hosts in args.hosts:
         samples = []
         for _ in range(args.runs):
@@ -103,9 +99,7 @@ def main() -> None:
     print(f"{'hosts':>5}  {'first line (s)':>14}  {'job overhead (s)':>16}  {'fit() wall (s)':>14}")
     for hosts, first, overhead, wall in rows:
         print(f"{hosts:>5}  {first:>14.2f}  {overhead:>16.2f}  {wall:>14.2f}")
-    print(
-        f"first job right after make_session (1 host): first line {cold[0]:.2f} s, job overhead {cold[1]:.2f} s"
-    )
+    print(f"first job right after make_session (1 host): first line {cold[0]:.2f} s, job overhead {cold[1]:.2f} s")
     print(f"peak RSS: this process {own:.0f} MiB, largest host process {children:.0f} MiB")
 
 

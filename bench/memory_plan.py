@@ -78,10 +78,25 @@ class ModelShape:
 
 
 # Llama-3.1-8B (meta-llama/Llama-3.1-8B config.json) and Qwen2.5-1.5B (Qwen/Qwen2.5-1.5B config.json).
-LLAMA_3_1_8B = ModelShape(vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_layers=32,
-                          num_heads=32, num_kv_heads=8, tied_embeddings=False)
-QWEN2_5_1_5B = ModelShape(vocab_size=151936, hidden_size=1536, intermediate_size=8960, num_layers=28,
-                          num_heads=12, num_kv_heads=2, tied_embeddings=True, qkv_bias=True)
+LLAMA_3_1_8B = ModelShape(
+    vocab_size=128256,
+    hidden_size=4096,
+    intermediate_size=14336,
+    num_layers=32,
+    num_heads=32,
+    num_kv_heads=8,
+    tied_embeddings=False,
+)
+QWEN2_5_1_5B = ModelShape(
+    vocab_size=151936,
+    hidden_size=1536,
+    intermediate_size=8960,
+    num_layers=28,
+    num_heads=12,
+    num_kv_heads=2,
+    tied_embeddings=True,
+    qkv_bias=True,
+)
 
 LOGIT_BYTES = 16  # per logit element: bf16 logits 2 + fp32 log-softmax 4 + fp32 grad 4 + fp32 copy 4 + bf16 grad 2
 
@@ -94,8 +109,15 @@ def layer_activation_bytes(shape: ModelShape, tokens: int) -> int:
     return tokens * (30 * shape.hidden_size + 8 * shape.intermediate_size)
 
 
-def memory_plan(shape: ModelShape, world_size: int, micro_batch: int, seq_len: int,
-                master_dtype: str = "fp32", prefetched_layers: int = 2, reference: str = "none") -> dict[str, int]:
+def memory_plan(
+    shape: ModelShape,
+    world_size: int,
+    micro_batch: int,
+    seq_len: int,
+    master_dtype: str = "fp32",
+    prefetched_layers: int = 2,
+    reference: str = "none",
+) -> dict[str, int]:
     """Bytes per GPU for each term of the module docstring, and their ``total``; ``reference``:
     none (SFT, GRPO with beta 0), sharded or replicated (a ``reference`` term is added)."""
     if master_dtype not in ("fp32", "bf16"):
@@ -162,8 +184,13 @@ WRITER_GB_PER_S = 1.0  # assumed: one process writing with torch.save / DCP's Fi
 SIGTERM_WINDOW_S = 120  # SIGTERM to SIGKILL in a spot interruption
 
 
-def checkpoint_plan(shape: ModelShape, world_size: int, master_dtype: str = "fp32",
-                    disk_gb_per_s: float = DISK_GB_PER_S, writer_gb_per_s: float = WRITER_GB_PER_S) -> dict:
+def checkpoint_plan(
+    shape: ModelShape,
+    world_size: int,
+    master_dtype: str = "fp32",
+    disk_gb_per_s: float = DISK_GB_PER_S,
+    writer_gb_per_s: float = WRITER_GB_PER_S,
+) -> dict:
     """Bytes written per rank and expected save time, sharded against gathered to rank 0."""
     if master_dtype not in ("fp32", "bf16"):
         raise ValueError(f"master_dtype must be fp32 or bf16, got {master_dtype!r}")
@@ -183,16 +210,23 @@ def checkpoint_plan(shape: ModelShape, world_size: int, master_dtype: str = "fp3
 
 
 def format_checkpoint_plan(plan: dict, title: str, disk_gb_per_s: float, writer_gb_per_s: float) -> str:
-    lines = [f"### {title}", "",
-             f"Disk {disk_gb_per_s:g} GB/s shared by the writers, one writer {writer_gb_per_s:g} GB/s (assumed); "
-             f"a spot interruption leaves {SIGTERM_WINDOW_S} s between SIGTERM and SIGKILL.", "",
-             "| checkpoint | GB written by rank 0 | GB per other rank | rank-0 host memory for it, GB "
-             "| expected save s |", "|---|---|---|---|---|"]
+    lines = [
+        f"### {title}",
+        "",
+        f"Disk {disk_gb_per_s:g} GB/s shared by the writers, one writer {writer_gb_per_s:g} GB/s (assumed); "
+        f"a spot interruption leaves {SIGTERM_WINDOW_S} s between SIGTERM and SIGKILL.",
+        "",
+        "| checkpoint | GB written by rank 0 | GB per other rank | rank-0 host memory for it, GB | expected save s |",
+        "|---|---|---|---|---|",
+    ]
     sharded, gathered = plan["sharded_bytes_per_rank"], plan["gathered_rank0_bytes"]
-    lines.append(f"| sharded (DCP, each rank its shards) | {sharded / 1e9:.1f} | {sharded / 1e9:.1f} "
-                 f"| {sharded / 1e9:.1f} (staging copy, background only) | {plan['sharded_save_s']:.0f} |")
-    lines.append(f"| gathered to rank 0 | {gathered / 1e9:.1f} | 0 | {gathered / 1e9:.1f} "
-                 f"| {plan['gathered_save_s']:.0f} |")
+    lines.append(
+        f"| sharded (DCP, each rank its shards) | {sharded / 1e9:.1f} | {sharded / 1e9:.1f} "
+        f"| {sharded / 1e9:.1f} (staging copy, background only) | {plan['sharded_save_s']:.0f} |"
+    )
+    lines.append(
+        f"| gathered to rank 0 | {gathered / 1e9:.1f} | 0 | {gathered / 1e9:.1f} | {plan['gathered_save_s']:.0f} |"
+    )
     return "\n".join(lines) + "\n"
 
 
@@ -206,25 +240,53 @@ def main() -> None:
     parser.add_argument("--master_dtype", choices=["fp32", "bf16"], default="fp32")
     parser.add_argument("--disk_gb_per_s", type=float, default=DISK_GB_PER_S)
     parser.add_argument("--writer_gb_per_s", type=float, default=WRITER_GB_PER_S)
-    parser.add_argument("--reference", choices=["none", "sharded", "replicated"], default="none",
-                        help="DPO's or GRPO's frozen reference model: none, sharded (--strategy fsdp) or replicated")
+    parser.add_argument(
+        "--reference",
+        choices=["none", "sharded", "replicated"],
+        default="none",
+        help="DPO's or GRPO's frozen reference model: none, sharded (--strategy fsdp) or replicated",
+    )
     args = parser.parse_args()
-    plan = memory_plan(LLAMA_3_1_8B, args.world_size, args.micro_batch, args.seq_len, args.master_dtype,
-                       reference=args.reference)
-    print(format_plan(plan, f"Llama-3.1-8B full fine-tune, FSDP2 over {args.world_size} GPUs, micro-batch "
-                            f"{args.micro_batch} x {args.seq_len} tokens, {args.master_dtype} master weights", 80))
-    variants = {f"{dtype} masters, {batch} x {length}": memory_plan(LLAMA_3_1_8B, args.world_size, batch, length, dtype)
-                for dtype, batch, length in (("fp32", 1, 4096), ("bf16", 1, 4096), ("fp32", 2, 4096),
-                                             ("fp32", 1, 8192), ("fp32", 2, 8192))}
+    plan = memory_plan(
+        LLAMA_3_1_8B, args.world_size, args.micro_batch, args.seq_len, args.master_dtype, reference=args.reference
+    )
+    print(
+        format_plan(
+            plan,
+            f"Llama-3.1-8B full fine-tune, FSDP2 over {args.world_size} GPUs, micro-batch "
+            f"{args.micro_batch} x {args.seq_len} tokens, {args.master_dtype} master weights",
+            80,
+        )
+    )
+    variants = {
+        f"{dtype} masters, {batch} x {length}": memory_plan(LLAMA_3_1_8B, args.world_size, batch, length, dtype)
+        for dtype, batch, length in (
+            ("fp32", 1, 4096),
+            ("bf16", 1, 4096),
+            ("fp32", 2, 4096),
+            ("fp32", 1, 8192),
+            ("fp32", 2, 8192),
+        )
+    }
     print(f"Variants over {args.world_size} GPUs (GiB per GPU):\n")
     print(format_plans(variants, 80))
-    checkpoint = checkpoint_plan(LLAMA_3_1_8B, args.world_size, args.master_dtype, args.disk_gb_per_s,
-                                 args.writer_gb_per_s)
-    print(format_checkpoint_plan(checkpoint, f"Llama-3.1-8B checkpoint (model + AdamW, {args.master_dtype}) over "
-                                             f"{args.world_size} ranks", args.disk_gb_per_s, args.writer_gb_per_s))
-    references = {f"reference {kind}": memory_plan(LLAMA_3_1_8B, args.world_size, args.micro_batch, args.seq_len,
-                                                   args.master_dtype, reference=kind)
-                  for kind in ("sharded", "replicated")}
+    checkpoint = checkpoint_plan(
+        LLAMA_3_1_8B, args.world_size, args.master_dtype, args.disk_gb_per_s, args.writer_gb_per_s
+    )
+    print(
+        format_checkpoint_plan(
+            checkpoint,
+            f"Llama-3.1-8B checkpoint (model + AdamW, {args.master_dtype}) over {args.world_size} ranks",
+            args.disk_gb_per_s,
+            args.writer_gb_per_s,
+        )
+    )
+    references = {
+        f"reference {kind}": memory_plan(
+            LLAMA_3_1_8B, args.world_size, args.micro_batch, args.seq_len, args.master_dtype, reference=kind
+        )
+        for kind in ("sharded", "replicated")
+    }
     print(f"DPO / GRPO with a reference model over {args.world_size} GPUs (GiB per GPU):\n")
     print(format_plans(references, 80))
 

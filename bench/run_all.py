@@ -78,19 +78,42 @@ def local_mode_rows(quick: bool) -> list[Row]:
                         samples.append(overhead.one_run(session, role, code, hosts))
             except Exception as error:  # e.g. the rendezvous port taken by another job on a shared machine
                 print(f"local mode, {hosts} host(s): {error}", flush=True)
-                rows.append(Row("local mode", f"{hosts} host(s)", None, "s",
-                                notes=f"failed: {str(error).splitlines()[0][:160]}"))
+                rows.append(
+                    Row(
+                        "local mode", f"{hosts} host(s)", None, "s", notes=f"failed: {str(error).splitlines()[0][:160]}"
+                    )
+                )
                 continue
             own = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
             children = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
-            case = f"{hosts} host{'s' if hosts > 1 else ''}, no-op script" + (", torch_distributed" if hosts > 1 else "")
-            notes = f"median of {runs}; memory: notebook process (SDK + moto + local mode); largest host process " \
-                    f"{children:.0f} MiB"
+            case = f"{hosts} host{'s' if hosts > 1 else ''}, no-op script" + (
+                ", torch_distributed" if hosts > 1 else ""
+            )
+            notes = (
+                f"median of {runs}; memory: notebook process (SDK + moto + local mode); largest host process "
+                f"{children:.0f} MiB"
+            )
             first, job, wall = (median([s[i] for s in samples]) for i in range(3))
-            rows.append(Row("local mode: fit() to first line", case, first, "s", memory_mib=own,
-                            notes=notes + ("; goal < 3 s" if hosts == 1 else "")))
-            rows.append(Row("local mode: job overhead", case, job, "s", memory_mib=own,
-                            notes=f"fit() to TrainingEndTime; fit() returned after {wall:.2f} s"))
+            rows.append(
+                Row(
+                    "local mode: fit() to first line",
+                    case,
+                    first,
+                    "s",
+                    memory_mib=own,
+                    notes=notes + ("; goal < 3 s" if hosts == 1 else ""),
+                )
+            )
+            rows.append(
+                Row(
+                    "local mode: job overhead",
+                    case,
+                    job,
+                    "s",
+                    memory_mib=own,
+                    notes=f"fit() to TrainingEndTime; fit() returned after {wall:.2f} s",
+                )
+            )
     finally:
         local_mode.deactivate()
     return rows
@@ -105,8 +128,10 @@ def sandbox_rows(quick: bool) -> list[Row]:
         for workers in (1, 2):
             row = sandbox_throughput.measure(workers, case, tests, time_limit=0.2)
             row.benchmark = "sandbox: judged tests"
-            row.notes = (f"{row.extra['cpu_ms_per_test']:.1f} CPU ms/test = "
-                         f"{row.extra['tests_per_s_on_free_cores']:.0f} tests/s on free cores; " + row.notes)
+            row.notes = (
+                f"{row.extra['cpu_ms_per_test']:.1f} CPU ms/test = "
+                f"{row.extra['tests_per_s_on_free_cores']:.0f} tests/s on free cores; " + row.notes
+            )
             rows.append(row)
     return rows
 
@@ -117,8 +142,13 @@ def sessions_rows(quick: bool) -> list[Row]:
     return training_sessions.measure(["tiny"] if quick else ["tiny", "small"], steps=3 if quick else 10)
 
 
-RUNNERS = {"steps": steps_rows, "generation": generation_rows, "local_mode": local_mode_rows,
-           "sandbox": sandbox_rows, "sessions": sessions_rows}
+RUNNERS = {
+    "steps": steps_rows,
+    "generation": generation_rows,
+    "local_mode": local_mode_rows,
+    "sandbox": sandbox_rows,
+    "sessions": sessions_rows,
+}
 
 
 def run_section(name: str, quick: bool, timeout: float = 1200) -> list[Row]:
@@ -128,8 +158,14 @@ def run_section(name: str, quick: bool, timeout: float = 1200) -> list[Row]:
     command = [sys.executable, "-m", "bench.run_all", "--section", name, "--result", str(result_file)]
     if quick:
         command.append("--quick")
-    env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", HF_DATASETS_OFFLINE="1",
-               TOKENIZERS_PARALLELISM="false", PYTHONPATH=str(REPO_ROOT))
+    env = dict(
+        os.environ,
+        HF_HUB_OFFLINE="1",
+        TRANSFORMERS_OFFLINE="1",
+        HF_DATASETS_OFFLINE="1",
+        TOKENIZERS_PARALLELISM="false",
+        PYTHONPATH=str(REPO_ROOT),
+    )
     started = time.perf_counter()
     # Its own process group, so a section that overruns is stopped with everything it started.
     process = subprocess.Popen(command, cwd=REPO_ROOT, env=env, start_new_session=True)
@@ -174,15 +210,16 @@ def main(argv: list[str] | None = None) -> Path | None:
         print(f"[{name}]", flush=True)
         rows += run_section(name, args.quick)
     machine = machine_description()
-    text = (f"# CPU benchmarks{' (quick)' if args.quick else ''}\n\n"
-            f"Machine: {machine} (load average at the start: {load_before[0]:.2f})\n\n"
-            "ratio = ours / baseline: below 1 is faster for s/step; above 1 is faster for tokens/s.\n\n"
-            + format_table(rows, "Combined"))
+    text = (
+        f"# CPU benchmarks{' (quick)' if args.quick else ''}\n\n"
+        f"Machine: {machine} (load average at the start: {load_before[0]:.2f})\n\n"
+        "ratio = ours / baseline: below 1 is faster for s/step; above 1 is faster for tokens/s.\n\n"
+        + format_table(rows, "Combined")
+    )
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(text)
-    out.with_suffix(".json").write_text(json.dumps({"machine": machine, "rows": [r.to_dict() for r in rows]},
-                                                   indent=1))
+    out.with_suffix(".json").write_text(json.dumps({"machine": machine, "rows": [r.to_dict() for r in rows]}, indent=1))
     print(text)
     print(f"written to {out}")
     return out

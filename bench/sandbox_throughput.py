@@ -64,8 +64,9 @@ def measure(workers: int, case: str, tests: int, time_limit: float) -> Row:
                 program = LOOP
             elif case == "mix" and index % 10 == 7:
                 program = WRONG
-            items.append(({"testtype": "stdin", "tests": [{"input": f"{index} 1\n", "output": f"{index + 1}\n"}]},
-                          program))
+            items.append(
+                ({"testtype": "stdin", "tests": [{"input": f"{index} 1\n", "output": f"{index + 1}\n"}]}, program)
+            )
         box.judge_many(items[: 2 * workers], "fraction")  # warm the workers
         started, cpu_before = time.perf_counter(), cpu_seconds(box.server_pids)
         judged = box.judge_many(items, "fraction")
@@ -74,31 +75,44 @@ def measure(workers: int, case: str, tests: int, time_limit: float) -> Row:
         verdicts = {v: sum(o.verdict == v for o in outcomes) for v in {o.verdict for o in outcomes}}
         expected_ok = tests if case == "trivial" else tests - tests // 10 * 2
         assert verdicts.get("accepted", 0) >= expected_ok - 1, verdicts
-        return Row("sandbox", f"{case}, {workers} worker{'s' if workers > 1 else ''}", tests / elapsed, "tests/s",
-                   memory_mib=peak_rss_mib(),
-                   notes=f"{' '.join(f'{k}={v}' for k, v in sorted(verdicts.items()))}; layers: {layers}",
-                   extra={"cpu_ms_per_test": 1000 * cpu_used / tests,
-                          # what the same work gives when min(workers, cores) cores are free for it
-                          "tests_per_s_on_free_cores": min(workers, os.cpu_count() or 1) * tests / cpu_used,
-                          "median_ms_in_worker": 1000 * statistics.median(o.wall for o in outcomes),
-                          "server_peak_rss_mib": server_peak_rss_mib(box.server_pids),
-                          "program_peak_rss_mib": max(o.max_rss_kb for o in outcomes) / 1024})
+        return Row(
+            "sandbox",
+            f"{case}, {workers} worker{'s' if workers > 1 else ''}",
+            tests / elapsed,
+            "tests/s",
+            memory_mib=peak_rss_mib(),
+            notes=f"{' '.join(f'{k}={v}' for k, v in sorted(verdicts.items()))}; layers: {layers}",
+            extra={
+                "cpu_ms_per_test": 1000 * cpu_used / tests,
+                # what the same work gives when min(workers, cores) cores are free for it
+                "tests_per_s_on_free_cores": min(workers, os.cpu_count() or 1) * tests / cpu_used,
+                "median_ms_in_worker": 1000 * statistics.median(o.wall for o in outcomes),
+                "server_peak_rss_mib": server_peak_rss_mib(box.server_pids),
+                "program_peak_rss_mib": max(o.max_rss_kb for o in outcomes) / 1024,
+            },
+        )
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--tests", type=int, default=400, help="tests per case (default: %(default)s)")
-    parser.add_argument("--time_limit", type=float, default=0.2,
-                        help="CPU seconds per test; the loops of the mix run into it (default: %(default)s)")
+    parser.add_argument(
+        "--time_limit",
+        type=float,
+        default=0.2,
+        help="CPU seconds per test; the loops of the mix run into it (default: %(default)s)",
+    )
     args = parser.parse_args()
     rows = [measure(workers, case, args.tests, args.time_limit) for case in ("trivial", "mix") for workers in (1, 2)]
     print(machine_description())
     print(format_table(rows, "Sandbox throughput (judged tests per second)"))
     for row in rows:
-        print(f"{row.case}: {row.ours:.0f} tests/s measured, {row.extra['cpu_ms_per_test']:.1f} CPU ms per test "
-              f"(judge + servers + programs) = {row.extra['tests_per_s_on_free_cores']:.0f} tests/s on free cores, median {row.extra['median_ms_in_worker']:.1f} ms per test in the "
-              f"worker, peak RSS judge {row.memory_mib:.0f} MiB, fork server {row.extra['server_peak_rss_mib']:.0f} MiB, "
-              f"program {row.extra['program_peak_rss_mib']:.0f} MiB")
+        print(
+            f"{row.case}: {row.ours:.0f} tests/s measured, {row.extra['cpu_ms_per_test']:.1f} CPU ms per test "
+            f"(judge + servers + programs) = {row.extra['tests_per_s_on_free_cores']:.0f} tests/s on free cores, median {row.extra['median_ms_in_worker']:.1f} ms per test in the "
+            f"worker, peak RSS judge {row.memory_mib:.0f} MiB, fork server {row.extra['server_peak_rss_mib']:.0f} MiB, "
+            f"program {row.extra['program_peak_rss_mib']:.0f} MiB"
+        )
 
 
 if __name__ == "__main__":

@@ -38,10 +38,26 @@ from bench.tables import Row, format_table, median, peak_rss_mib
 # GRPO: 4 prompts x 4 completions, one micro-batch of 16, 32 new tokens, no KL, DAPO aggregation.
 SETTINGS = {
     "sft": dict(batch_size=8, per_device_batch_size=4, max_length=512, learning_rate=2e-5, warmup_steps=2),
-    "dpo": dict(batch_size=8, per_device_batch_size=4, max_length=512, max_prompt_length=256, learning_rate=5e-7,
-                warmup_steps=2, beta=0.1),
-    "grpo": dict(prompts_per_step=4, num_generations=4, micro_batch_size=16, max_new_tokens=32, temperature=1.0,
-                 learning_rate=1e-6, beta=0.0, loss_type="dapo", scale_rewards="group"),
+    "dpo": dict(
+        batch_size=8,
+        per_device_batch_size=4,
+        max_length=512,
+        max_prompt_length=256,
+        learning_rate=5e-7,
+        warmup_steps=2,
+        beta=0.1,
+    ),
+    "grpo": dict(
+        prompts_per_step=4,
+        num_generations=4,
+        micro_batch_size=16,
+        max_new_tokens=32,
+        temperature=1.0,
+        learning_rate=1e-6,
+        beta=0.0,
+        loss_type="dapo",
+        scale_rewards="group",
+    ),
 }
 DATA_SET = {"sft": "chat", "dpo": "preferences", "grpo": "gsm8k"}
 SEED = 42
@@ -61,24 +77,37 @@ class StepClock:
     def write(self, text: str) -> int:
         if text.startswith("step="):
             self.times.append(time.perf_counter())
-            self.lines.append({key: float(value) for key, value in
-                               (item.split("=", 1) for item in text.split())})
+            self.lines.append({key: float(value) for key, value in (item.split("=", 1) for item in text.split())})
         return self.stream.write(text)
 
     def flush(self) -> None:
         self.stream.flush()
 
 
-def run_ours(loop: str, model: Path, data: Path, steps: int, work: Path, settings: dict | None = None,
-             device: str = "cpu") -> dict:
+def run_ours(
+    loop: str, model: Path, data: Path, steps: int, work: Path, settings: dict | None = None, device: str = "cpu"
+) -> dict:
     """Our loop, ``steps`` steps; ``settings`` replace ``SETTINGS[loop]`` (same keys)."""
-    os.environ.update({"SM_CHANNEL_TRAIN": str(data), "SM_OUTPUT_DATA_DIR": str(work / "output"),
-                       "SM_MODEL_DIR": str(work / "model")})
+    os.environ.update(
+        {"SM_CHANNEL_TRAIN": str(data), "SM_OUTPUT_DATA_DIR": str(work / "output"), "SM_MODEL_DIR": str(work / "model")}
+    )
     os.environ.pop("SM_HPS", None)
     sys.path.insert(0, str(SCRIPTS_DIR))
     settings = settings or SETTINGS[loop]
-    argv = ["--model_name_or_path", str(model), "--max_steps", str(steps), "--seed", str(SEED),
-            "--checkpoint_dir", str(work / "checkpoints"), "--checkpoint_every", "0", "--log_every", "1"]
+    argv = [
+        "--model_name_or_path",
+        str(model),
+        "--max_steps",
+        str(steps),
+        "--seed",
+        str(SEED),
+        "--checkpoint_dir",
+        str(work / "checkpoints"),
+        "--checkpoint_every",
+        "0",
+        "--log_every",
+        "1",
+    ]
     argv += [item for key, value in settings.items() for item in (f"--{key}", str(value))]
     clock = StepClock(sys.stdout)
     sys.stdout = clock
@@ -99,8 +128,10 @@ def run_ours(loop: str, model: Path, data: Path, steps: int, work: Path, setting
     if loop == "grpo":  # the first step has no start mark; the split is per step, so drop it too
         result["gen_times"] = [line["gen_time"] for line in clock.lines[1:]]
         result["reward_times"] = [line["reward_time"] for line in clock.lines[1:]]
-        result["completion_tokens"] = [line["completion_length"] * settings["prompts_per_step"]
-                                       * settings["num_generations"] for line in clock.lines[1:]]
+        result["completion_tokens"] = [
+            line["completion_length"] * settings["prompts_per_step"] * settings["num_generations"]
+            for line in clock.lines[1:]
+        ]
     return result
 
 
@@ -110,25 +141,44 @@ def run_ours(loop: str, model: Path, data: Path, steps: int, work: Path, setting
 def _trl_common(loop: str, steps: int, work: Path, settings: dict, device: str) -> dict:
     # On GPU bf16 autocast over fp32 weights, as our loops do (common.distributed.autocast).
     on_gpu = device.startswith("cuda")
-    common = dict(output_dir=str(work / "trl"), use_cpu=not on_gpu, bf16=on_gpu, gradient_checkpointing=False,
-                  report_to="none", save_strategy="no", logging_steps=1, max_steps=steps, seed=SEED,
-                  learning_rate=settings["learning_rate"], weight_decay=0.0, max_grad_norm=1.0,
-                  dataloader_num_workers=0, disable_tqdm=True)
+    common = dict(
+        output_dir=str(work / "trl"),
+        use_cpu=not on_gpu,
+        bf16=on_gpu,
+        gradient_checkpointing=False,
+        report_to="none",
+        save_strategy="no",
+        logging_steps=1,
+        max_steps=steps,
+        seed=SEED,
+        learning_rate=settings["learning_rate"],
+        weight_decay=0.0,
+        max_grad_norm=1.0,
+        dataloader_num_workers=0,
+        disable_tqdm=True,
+    )
     if loop in ("sft", "dpo"):
-        common.update(per_device_train_batch_size=settings["per_device_batch_size"],
-                      gradient_accumulation_steps=settings["batch_size"] // settings["per_device_batch_size"],
-                      lr_scheduler_type="cosine", warmup_steps=settings["warmup_steps"],
-                      max_length=settings["max_length"])
+        common.update(
+            per_device_train_batch_size=settings["per_device_batch_size"],
+            gradient_accumulation_steps=settings["batch_size"] // settings["per_device_batch_size"],
+            lr_scheduler_type="cosine",
+            warmup_steps=settings["warmup_steps"],
+            max_length=settings["max_length"],
+        )
     else:
         completions = settings["prompts_per_step"] * settings["num_generations"]
-        common.update(per_device_train_batch_size=settings["micro_batch_size"],
-                      gradient_accumulation_steps=completions // settings["micro_batch_size"],
-                      lr_scheduler_type="constant", warmup_steps=0)
+        common.update(
+            per_device_train_batch_size=settings["micro_batch_size"],
+            gradient_accumulation_steps=completions // settings["micro_batch_size"],
+            lr_scheduler_type="constant",
+            warmup_steps=0,
+        )
     return common
 
 
-def run_trl(loop: str, model: Path, data: Path, steps: int, work: Path, settings: dict | None = None,
-            device: str = "cpu") -> dict:
+def run_trl(
+    loop: str, model: Path, data: Path, steps: int, work: Path, settings: dict | None = None, device: str = "cpu"
+) -> dict:
     """TRL's trainer for ``loop`` with the same settings as ``run_ours``."""
     import torch
     from datasets import Dataset
@@ -152,19 +202,36 @@ def run_trl(loop: str, model: Path, data: Path, steps: int, work: Path, settings
 
         # Prompt-completion form: the loss is on the assistant turn only, as in sft.py.
         dataset = Dataset.from_list([{"prompt": r["messages"][:-1], "completion": r["messages"][-1:]} for r in rows])
-        trainer = SFTTrainer(model=policy, args=SFTConfig(**_trl_common(loop, steps, work, settings, device)), train_dataset=dataset,
-                             processing_class=tokenizer, callbacks=[StepEnds()])
+        trainer = SFTTrainer(
+            model=policy,
+            args=SFTConfig(**_trl_common(loop, steps, work, settings, device)),
+            train_dataset=dataset,
+            processing_class=tokenizer,
+            callbacks=[StepEnds()],
+        )
     elif loop == "dpo":
         from trl import DPOConfig, DPOTrainer
 
         # The conversational form renders exactly what dpo.py renders from the strings.
-        dataset = Dataset.from_list([{"prompt": [{"role": "user", "content": r["prompt"]}],
-                                      "chosen": [{"role": "assistant", "content": r["chosen"]}],
-                                      "rejected": [{"role": "assistant", "content": r["rejected"]}]} for r in rows])
+        dataset = Dataset.from_list(
+            [
+                {
+                    "prompt": [{"role": "user", "content": r["prompt"]}],
+                    "chosen": [{"role": "assistant", "content": r["chosen"]}],
+                    "rejected": [{"role": "assistant", "content": r["rejected"]}],
+                }
+                for r in rows
+            ]
+        )
         reference = AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32)
-        trainer = DPOTrainer(model=policy, ref_model=reference,
-                             args=DPOConfig(**_trl_common(loop, steps, work, settings, device), beta=settings["beta"]),
-                             train_dataset=dataset, processing_class=tokenizer, callbacks=[StepEnds()])
+        trainer = DPOTrainer(
+            model=policy,
+            ref_model=reference,
+            args=DPOConfig(**_trl_common(loop, steps, work, settings, device), beta=settings["beta"]),
+            train_dataset=dataset,
+            processing_class=tokenizer,
+            callbacks=[StepEnds()],
+        )
     else:
         sys.path.insert(0, str(SCRIPTS_DIR))
         from environments.gsm8k import GSM8KEnvironment
@@ -172,20 +239,34 @@ def run_trl(loop: str, model: Path, data: Path, steps: int, work: Path, settings
 
         env = GSM8KEnvironment()
         examples = env.load(data / "train.jsonl")
-        dataset = Dataset.from_list([{"prompt": env.prompt_messages(e), "question": e["question"],
-                                      "answer": e["answer"]} for e in examples])
+        dataset = Dataset.from_list(
+            [{"prompt": env.prompt_messages(e), "question": e["question"], "answer": e["answer"]} for e in examples]
+        )
 
         def gsm8k_reward(completions, question, answer, **kwargs):
             texts = [c[-1]["content"] if isinstance(c, list) else c for c in completions]
             scored = env.score([{"question": q, "answer": a} for q, a in zip(question, answer, strict=True)], texts)
             return [s["reward"] for s in scored]
 
-        config = GRPOConfig(**_trl_common(loop, steps, work, settings, device), num_generations=settings["num_generations"],
-                            max_completion_length=settings["max_new_tokens"], temperature=settings["temperature"],
-                            top_p=1.0, top_k=0, beta=settings["beta"], loss_type=settings["loss_type"],
-                            scale_rewards=settings["scale_rewards"])
-        trainer = GRPOTrainer(model=policy, reward_funcs=gsm8k_reward, args=config, train_dataset=dataset,
-                              processing_class=tokenizer, callbacks=[StepEnds()])
+        config = GRPOConfig(
+            **_trl_common(loop, steps, work, settings, device),
+            num_generations=settings["num_generations"],
+            max_completion_length=settings["max_new_tokens"],
+            temperature=settings["temperature"],
+            top_p=1.0,
+            top_k=0,
+            beta=settings["beta"],
+            loss_type=settings["loss_type"],
+            scale_rewards=settings["scale_rewards"],
+        )
+        trainer = GRPOTrainer(
+            model=policy,
+            reward_funcs=gsm8k_reward,
+            args=config,
+            train_dataset=dataset,
+            processing_class=tokenizer,
+            callbacks=[StepEnds()],
+        )
 
         def timed(function, bucket):
             def wrapper(*args, **kwargs):
@@ -194,6 +275,7 @@ def run_trl(loop: str, model: Path, data: Path, steps: int, work: Path, settings
                     return function(*args, **kwargs)
                 finally:
                     timers[bucket].append(time.perf_counter() - started)
+
             return wrapper
 
         trainer._generate = timed(trainer._generate, "gen")
@@ -230,18 +312,34 @@ RESULT_MARK = "BENCH_RESULT "
 
 def run_in_subprocess(loop: str, impl: str, model: str, steps: int, timeout: float) -> dict:
     command = [sys.executable, "-m", "bench.train_steps", "--worker", loop, impl, model, str(steps)]
-    env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", HF_DATASETS_OFFLINE="1",
-               TOKENIZERS_PARALLELISM="false", PYTHONPATH=str(REPO_ROOT))
+    env = dict(
+        os.environ,
+        HF_HUB_OFFLINE="1",
+        TRANSFORMERS_OFFLINE="1",
+        HF_DATASETS_OFFLINE="1",
+        TOKENIZERS_PARALLELISM="false",
+        PYTHONPATH=str(REPO_ROOT),
+    )
     completed = subprocess.run(command, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=timeout)
     for line in completed.stdout.splitlines():
         if line.startswith(RESULT_MARK):
-            return json.loads(line[len(RESULT_MARK):])
-    raise RuntimeError(f"{loop}/{impl}/{model} failed (exit {completed.returncode}):\n"
-                       f"{completed.stdout[-3000:]}\n{completed.stderr[-5000:]}")
+            return json.loads(line[len(RESULT_MARK) :])
+    raise RuntimeError(
+        f"{loop}/{impl}/{model} failed (exit {completed.returncode}):\n"
+        f"{completed.stdout[-3000:]}\n{completed.stderr[-5000:]}"
+    )
 
 
-def measure(loops: list[str], models: list[str], rounds: int, warmup: int, measured: int,
-            timeout: float = 600.0, threads: int = 1, log=print) -> list[Row]:
+def measure(
+    loops: list[str],
+    models: list[str],
+    rounds: int,
+    warmup: int,
+    measured: int,
+    timeout: float = 600.0,
+    threads: int = 1,
+    log=print,
+) -> list[Row]:
     """Alternate ours and TRL ``rounds`` times per (loop, model); one row per (loop, model)
     and, for GRPO, rows for generation, reward and the rest of the step. ``threads``: torch
     threads in every run (0: torch's default, one per core). One by default: on a machine shared
@@ -263,8 +361,10 @@ def measure(loops: list[str], models: list[str], rounds: int, warmup: int, measu
                         if key in result:
                             result[key] = result[key][warmup:]
                     runs[impl].append(result)
-                    log(f"  {loop} {model} {impl} round {round_index + 1}: median "
-                        f"{median(result['step_times']):.4f} s/step, peak RSS {result['peak_rss_mib']:.0f} MiB")
+                    log(
+                        f"  {loop} {model} {impl} round {round_index + 1}: median "
+                        f"{median(result['step_times']):.4f} s/step, peak RSS {result['peak_rss_mib']:.0f} MiB"
+                    )
             rows.extend(_rows(loop, model, params, runs, warmup, measured, rounds))
     return rows
 
@@ -280,8 +380,19 @@ def _rows(loop, model, params, runs, warmup, measured, rounds) -> list[Row]:
     trl_peak = max(run["peak_rss_mib"] for run in runs["trl"])
     how = f"median of {rounds}x{measured} steps after {warmup} warm-up"
     name = {"sft": "SFTTrainer", "dpo": "DPOTrainer", "grpo": "GRPOTrainer"}[loop]
-    rows = [Row(f"{loop} step", case, median(ours_steps), "s/step", median(trl_steps), f"TRL {name}",
-                peak, trl_peak, notes=how)]
+    rows = [
+        Row(
+            f"{loop} step",
+            case,
+            median(ours_steps),
+            "s/step",
+            median(trl_steps),
+            f"TRL {name}",
+            peak,
+            trl_peak,
+            notes=how,
+        )
+    ]
     if loop == "grpo":
         parts = {}
         for impl in ("ours", "trl"):
@@ -290,8 +401,17 @@ def _rows(loop, model, params, runs, warmup, measured, rounds) -> list[Row]:
             parts[impl] = (median(gen), median(reward), median(rest))
         tokens = median(_pooled(runs["ours"], "completion_tokens"))
         for index, part in enumerate(("generation", "reward", "optimisation (log-probs, loss, backward, step)")):
-            rows.append(Row(f"grpo step: {part}", case, parts["ours"][index], "s/step", parts["trl"][index],
-                            "TRL", notes=f"{tokens:.0f} completion tokens a step" if index == 0 else ""))
+            rows.append(
+                Row(
+                    f"grpo step: {part}",
+                    case,
+                    parts["ours"][index],
+                    "s/step",
+                    parts["trl"][index],
+                    "TRL",
+                    notes=f"{tokens:.0f} completion tokens a step" if index == 0 else "",
+                )
+            )
     return rows
 
 
@@ -302,8 +422,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--rounds", type=int, default=3, help="alternations of ours and TRL (default: %(default)s)")
     parser.add_argument("--warmup", type=int, default=2, help="steps not measured (default: %(default)s)")
     parser.add_argument("--steps", type=int, default=6, help="steps measured per run (default: %(default)s)")
-    parser.add_argument("--threads", type=int, default=1,
-                        help="torch threads per run; 0 = one per core (default: %(default)s)")
+    parser.add_argument(
+        "--threads", type=int, default=1, help="torch threads per run; 0 = one per core (default: %(default)s)"
+    )
     parser.add_argument("--worker", nargs=4, metavar=("LOOP", "IMPL", "MODEL", "STEPS"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.worker:

@@ -37,8 +37,12 @@ SAMPLES, MAX_TOKENS = 8, 512  # the API's smallest maxTokens is 512
 
 
 def batch(tokenizer) -> list[list[int]]:
-    texts = ["The cat sat on the mat and looked at the door.", "Numbers: 1 2 3 4 5 6 7 8 9 10.",
-             "Hello there, how are you today? I am fine, thank you.", "Pick a digit between zero and nine."] * 2
+    texts = [
+        "The cat sat on the mat and looked at the door.",
+        "Numbers: 1 2 3 4 5 6 7 8 9 10.",
+        "Hello there, how are you today? I am fine, thank you.",
+        "Pick a digit between zero and nine.",
+    ] * 2
     return [tokenizer(text, add_special_tokens=False)["input_ids"] for text in texts]
 
 
@@ -46,9 +50,16 @@ def in_process_steps(path: str, datums: list[list[int]], warmup: int, steps: int
     from helpers.local_mode.sessions.engine import Engine
 
     engine = Engine(path, RANK, 2 * RANK)
-    wire = [{"modelInput": {"chunks": [{"tokens": t[:-1], "type": "encoded_text"}]},
-             "lossFnInputs": {"target_tokens": {"data": t[1:], "dtype": "int64"},
-                              "weights": {"data": [1.0] * (len(t) - 1), "dtype": "float32"}}} for t in datums]
+    wire = [
+        {
+            "modelInput": {"chunks": [{"tokens": t[:-1], "type": "encoded_text"}]},
+            "lossFnInputs": {
+                "target_tokens": {"data": t[1:], "dtype": "int64"},
+                "weights": {"data": [1.0] * (len(t) - 1), "dtype": "float32"},
+            },
+        }
+        for t in datums
+    ]
     times = []
     for index in range(warmup + steps):
         started = time.perf_counter()
@@ -96,31 +107,65 @@ def measure(models: list[str], steps: int, warmup: int = 2) -> list[Row]:
             tokenizer = AutoTokenizer.from_pretrained(path)
             datums = batch(tokenizer)
             prompt = tokenizer("Once upon a time", add_special_tokens=False)["input_ids"]
-            config = {"model": model_id, "rank": RANK, "steps": steps, "warmup": warmup, "datums": datums,
-                      "prompt": prompt, "samples": SAMPLES, "max_tokens": MAX_TOKENS}
+            config = {
+                "model": model_id,
+                "rank": RANK,
+                "steps": steps,
+                "warmup": warmup,
+                "datums": datums,
+                "prompt": prompt,
+                "samples": SAMPLES,
+                "max_tokens": MAX_TOKENS,
+            }
             env = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "PYTHON"))}
             env.update(endpoint.client_environment())
-            done = subprocess.run([str(SESSIONS_PYTHON), str(CLIENT), json.dumps(config)], env=env,
-                                  capture_output=True, text=True, timeout=1800)
+            done = subprocess.run(
+                [str(SESSIONS_PYTHON), str(CLIENT), json.dumps(config)],
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=1800,
+            )
             if done.returncode != 0:
                 raise RuntimeError(done.stderr[-3000:])
             sdk = json.loads(done.stdout.strip().splitlines()[-1])
             local = in_process_steps(path, datums, warmup, steps)
             sdk_step, local_step = statistics.median(sdk["steps"]), statistics.median(local)
             goal = "1.5" if name == "tiny" else "1.1"
-            rows.append(Row("sessions: cross_entropy step", f"{name}, {len(datums)} datums, LoRA r{RANK}", sdk_step,
-                            "s/step", baseline=local_step, baseline_name="engine in-process",
-                            notes=f"SDK v3 -> HTTP endpoint vs the same engine calls; median of {steps}; "
-                                  f"goal ratio <= {goal}"))
+            rows.append(
+                Row(
+                    "sessions: cross_entropy step",
+                    f"{name}, {len(datums)} datums, LoRA r{RANK}",
+                    sdk_step,
+                    "s/step",
+                    baseline=local_step,
+                    baseline_name="engine in-process",
+                    notes=f"SDK v3 -> HTTP endpoint vs the same engine calls; median of {steps}; goal ratio <= {goal}",
+                )
+            )
             local_seconds, local_tokens = in_process_sampling(path, prompt)
-            rows.append(Row("sessions: sampling", f"{name}, {SAMPLES} samples x <= {MAX_TOKENS} tokens",
-                            sdk["sample_tokens"] / sdk["sample_seconds"], "tokens/s",
-                            baseline=local_tokens / local_seconds, baseline_name="grpo.py HFGenerator",
-                            notes=f"{sdk['sample_tokens']} vs {local_tokens} tokens; goal ratio >= 0.9"))
+            rows.append(
+                Row(
+                    "sessions: sampling",
+                    f"{name}, {SAMPLES} samples x <= {MAX_TOKENS} tokens",
+                    sdk["sample_tokens"] / sdk["sample_seconds"],
+                    "tokens/s",
+                    baseline=local_tokens / local_seconds,
+                    baseline_name="grpo.py HFGenerator",
+                    notes=f"{sdk['sample_tokens']} vs {local_tokens} tokens; goal ratio >= 0.9",
+                )
+            )
             finished = dict(line.split() for line in timing_log.read_text().splitlines())
             waits = [returned - float(finished[op]) for op, returned in sdk["returned"] if op in finished]
-            rows.append(Row("sessions: completion -> result()", name, statistics.median(waits) * 1000, "ms",
-                            notes=f"median of {len(waits)} optim_steps; long-polled result; goal < 50 ms"))
+            rows.append(
+                Row(
+                    "sessions: completion -> result()",
+                    name,
+                    statistics.median(waits) * 1000,
+                    "ms",
+                    notes=f"median of {len(waits)} optim_steps; long-polled result; goal < 50 ms",
+                )
+            )
     finally:
         sessions.stop_service(root)
     return rows

@@ -16,9 +16,13 @@ from sagemaker.train.training_session import AdamParams, Datum, ModelInput, Samp
 def main(config: dict) -> dict:
     svc = ServiceClient(region="us-east-1", role_arn="arn:aws:iam::123456789012:role/SageMakerRole")
     tc = svc.create_lora_training_client(config["model"], rank=config["rank"], alpha=2 * config["rank"])
-    datums = [Datum(model_input=ModelInput.from_ints(tokens[:-1]),
-                    loss_fn_inputs={"target_tokens": tokens[1:], "weights": [1.0] * (len(tokens) - 1)})
-              for tokens in config["datums"]]
+    datums = [
+        Datum(
+            model_input=ModelInput.from_ints(tokens[:-1]),
+            loss_fn_inputs={"target_tokens": tokens[1:], "weights": [1.0] * (len(tokens) - 1)},
+        )
+        for tokens in config["datums"]
+    ]
     adam = AdamParams(learning_rate=1e-3, weight_decay=0.0)
     steps, returned = [], []
     for index in range(config["warmup"] + config["steps"]):
@@ -32,13 +36,19 @@ def main(config: dict) -> dict:
             steps.append(time.perf_counter() - started)
     sampler = tc.create_sampling_client()  # the base model, as the in-process generator samples it
     started = time.perf_counter()
-    response = sampler.sample(config["prompt"], num_samples=config["samples"],
-                              sampling_params=SamplingParams(max_tokens=config["max_tokens"], temperature=1.0,
-                                                             seed=0)).result()
+    response = sampler.sample(
+        config["prompt"],
+        num_samples=config["samples"],
+        sampling_params=SamplingParams(max_tokens=config["max_tokens"], temperature=1.0, seed=0),
+    ).result()
     sample_seconds = time.perf_counter() - started
     tc.stop()
-    return {"steps": steps, "returned": returned, "sample_seconds": sample_seconds,
-            "sample_tokens": sum(len(s.tokens) for s in response.sequences)}
+    return {
+        "steps": steps,
+        "returned": returned,
+        "sample_seconds": sample_seconds,
+        "sample_tokens": sum(len(s.tokens) for s in response.sequences),
+    }
 
 
 if __name__ == "__main__":

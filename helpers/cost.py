@@ -102,11 +102,16 @@ class CostEstimate:
         ]
         if self.use_spot:
             low, high = self.spot_range
-            wait = f"; max_wait {self.max_wait_seconds / 3600:.2f} h of waiting is not billed" \
-                if self.max_wait_seconds else ""
-            out.append(f"managed spot: ceiling ${self.on_demand_ceiling:,.2f} (billable time <= max_run, "
-                       f"rate <= on-demand){wait}; typically ${low:,.2f}-${high:,.2f} "
-                       f"(illustrative {TYPICAL_SPOT_SAVINGS[0]:.0%}-{TYPICAL_SPOT_SAVINGS[1]:.0%} savings)")
+            wait = (
+                f"; max_wait {self.max_wait_seconds / 3600:.2f} h of waiting is not billed"
+                if self.max_wait_seconds
+                else ""
+            )
+            out.append(
+                f"managed spot: ceiling ${self.on_demand_ceiling:,.2f} (billable time <= max_run, "
+                f"rate <= on-demand){wait}; typically ${low:,.2f}-${high:,.2f} "
+                f"(illustrative {TYPICAL_SPOT_SAVINGS[0]:.0%}-{TYPICAL_SPOT_SAVINGS[1]:.0%} savings)"
+            )
         return out
 
     def __str__(self) -> str:
@@ -123,8 +128,10 @@ def table_price(instance_type: str) -> Price:
         rate = ON_DEMAND_USD_PER_HOUR[instance_type]
     except KeyError:
         known = ", ".join(sorted(ON_DEMAND_USD_PER_HOUR))
-        raise KeyError(f"No price for {instance_type!r} in helpers/cost.py (known: {known}). "
-                       f"Add it to ON_DEMAND_USD_PER_HOUR with its date and source.") from None
+        raise KeyError(
+            f"No price for {instance_type!r} in helpers/cost.py (known: {known}). "
+            f"Add it to ON_DEMAND_USD_PER_HOUR with its date and source."
+        ) from None
     return Price(rate, f"price table of {PRICE_TABLE_DATE}, {PRICE_TABLE_REGION}, approximate")
 
 
@@ -136,12 +143,17 @@ def pricing_api_price(instance_type: str, region: str, boto_session=None, timeou
     from botocore.config import Config
 
     session = boto_session or boto3.Session()
-    client = session.client("pricing", region_name=_PRICING_API_REGION, config=Config(
-        connect_timeout=timeout, read_timeout=timeout, retries={"max_attempts": 1, "mode": "standard"}))
+    client = session.client(
+        "pricing",
+        region_name=_PRICING_API_REGION,
+        config=Config(connect_timeout=timeout, read_timeout=timeout, retries={"max_attempts": 1, "mode": "standard"}),
+    )
     response = client.get_products(
         ServiceCode="AmazonSageMaker",
-        Filters=[{"Type": "TERM_MATCH", "Field": field, "Value": value} for field, value in (
-            ("instanceName", instance_type), ("regionCode", region), ("component", "Training"))],
+        Filters=[
+            {"Type": "TERM_MATCH", "Field": field, "Value": value}
+            for field, value in (("instanceName", instance_type), ("regionCode", region), ("component", "Training"))
+        ],
         MaxResults=20,
     )
     for item in map(json.loads, response["PriceList"]):
@@ -155,8 +167,9 @@ def pricing_api_price(instance_type: str, region: str, boto_session=None, timeou
     raise LookupError(f"the Pricing API lists no on-demand training price for {instance_type} in {region}")
 
 
-def price_for(instance_type: str, region: str = PRICE_TABLE_REGION, *, ask_pricing_api: bool = True,
-              boto_session=None) -> Price:
+def price_for(
+    instance_type: str, region: str = PRICE_TABLE_REGION, *, ask_pricing_api: bool = True, boto_session=None
+) -> Price:
     """The Pricing API's figure when it answers, else the dated table's (with the reason)."""
     fallback = table_price(instance_type) if instance_type in ON_DEMAND_USD_PER_HOUR else None
     if not ask_pricing_api:
@@ -168,8 +181,10 @@ def price_for(instance_type: str, region: str = PRICE_TABLE_REGION, *, ask_prici
         return Price(usd, f"AWS Pricing API, {region}, today")
     except Exception as error:  # no credentials, no network, access denied, throttled...
         if fallback is None:
-            raise KeyError(f"No price for {instance_type}: the Pricing API did not answer "
-                           f"({type(error).__name__}) and the table has no entry.") from error
+            raise KeyError(
+                f"No price for {instance_type}: the Pricing API did not answer "
+                f"({type(error).__name__}) and the table has no entry."
+            ) from error
         reason = str(error).splitlines()[0][:120]
         fallback.source += f"; Pricing API not used: {type(error).__name__}: {reason}"
         if region != PRICE_TABLE_REGION:
@@ -203,15 +218,21 @@ class ClusterComparison:
     def lines(self) -> list[str]:
         out = []
         for cluster in self.clusters:
-            parts = " + ".join(f"{count} x {kind} ({group}, ${price.usd_per_hour:,.2f}/h)"
-                               for group, kind, count, price in cluster.groups)
-            out.append(f"{cluster.name}: {parts} = ${cluster.usd_per_hour:,.2f}/h; "
-                       f"at most ${cluster.on_demand_ceiling:,.2f} for {cluster.max_run_seconds / 3600:.2f} h (max_run)")
+            parts = " + ".join(
+                f"{count} x {kind} ({group}, ${price.usd_per_hour:,.2f}/h)"
+                for group, kind, count, price in cluster.groups
+            )
+            out.append(
+                f"{cluster.name}: {parts} = ${cluster.usd_per_hour:,.2f}/h; "
+                f"at most ${cluster.on_demand_ceiling:,.2f} for {cluster.max_run_seconds / 3600:.2f} h (max_run)"
+            )
         if len(self.clusters) > 1:
             cheapest = min(self.clusters, key=lambda c: c.usd_per_hour)
             dearest = max(self.clusters, key=lambda c: c.usd_per_hour)
-            out.append(f"{cheapest.name} costs {cheapest.usd_per_hour / dearest.usd_per_hour:.0%} of {dearest.name} "
-                       f"per hour (saves ${dearest.on_demand_ceiling - cheapest.on_demand_ceiling:,.2f} at max_run)")
+            out.append(
+                f"{cheapest.name} costs {cheapest.usd_per_hour / dearest.usd_per_hour:.0%} of {dearest.name} "
+                f"per hour (saves ${dearest.on_demand_ceiling - cheapest.on_demand_ceiling:,.2f} at max_run)"
+            )
         sources = sorted({price.source for cluster in self.clusters for *_, price in cluster.groups})
         out.append("prices: " + "; ".join(sources))
         return out
@@ -225,9 +246,14 @@ class ClusterComparison:
         return "**Cost of each cluster**\n\n" + "\n".join(f"- {line}" for line in self.lines())
 
 
-def compare_clusters(clusters: dict[str, list[tuple[str, str, int]]], max_run_seconds: int, *,
-                     region: str = PRICE_TABLE_REGION, ask_pricing_api: bool = True,
-                     boto_session=None) -> ClusterComparison:
+def compare_clusters(
+    clusters: dict[str, list[tuple[str, str, int]]],
+    max_run_seconds: int,
+    *,
+    region: str = PRICE_TABLE_REGION,
+    ask_pricing_api: bool = True,
+    boto_session=None,
+) -> ClusterComparison:
     """The cost of each cluster for the same run. ``clusters``: ``{name: [(group, instance type, count)]}``,
     a plain cluster being one group. The run takes the same hours on each (``max_run_seconds``)."""
     if max_run_seconds <= 0:
@@ -240,14 +266,23 @@ def compare_clusters(clusters: dict[str, list[tuple[str, str, int]]], max_run_se
         for _, kind, _ in groups:
             if kind not in prices:
                 prices[kind] = price_for(kind, region, ask_pricing_api=ask_pricing_api, boto_session=boto_session)
-        costs.append(ClusterCost(name, [(group, kind, count, prices[kind]) for group, kind, count in groups],
-                                 max_run_seconds))
+        costs.append(
+            ClusterCost(name, [(group, kind, count, prices[kind]) for group, kind, count in groups], max_run_seconds)
+        )
     return ClusterComparison(costs)
 
 
-def estimate(instance_type: str, instance_count: int = 1, max_run_seconds: int = 24 * 3600, *,
-             use_spot: bool = False, max_wait_seconds: int | None = None, region: str = PRICE_TABLE_REGION,
-             ask_pricing_api: bool = True, boto_session=None) -> CostEstimate:
+def estimate(
+    instance_type: str,
+    instance_count: int = 1,
+    max_run_seconds: int = 24 * 3600,
+    *,
+    use_spot: bool = False,
+    max_wait_seconds: int | None = None,
+    region: str = PRICE_TABLE_REGION,
+    ask_pricing_api: bool = True,
+    boto_session=None,
+) -> CostEstimate:
     """Cost estimate for one training job; display it in a notebook or ``print`` it."""
     if instance_count < 1:
         raise ValueError(f"instance_count must be at least 1, got {instance_count}")

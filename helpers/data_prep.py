@@ -35,8 +35,10 @@ def _hub_preferences(n_train, n_test, seed):
     from datasets import load_dataset
 
     data = load_dataset("Intel/orca_dpo_pairs", split="train")
-    data = data.map(lambda r: {"prompt": r["question"], "chosen": r["chosen"], "rejected": r["rejected"]},
-                    remove_columns=data.column_names)
+    data = data.map(
+        lambda r: {"prompt": r["question"], "chosen": r["chosen"], "rejected": r["rejected"]},
+        remove_columns=data.column_names,
+    )
     split = data.train_test_split(test_size=n_test or 0.02, seed=seed)
     return {"train": _limit(split["train"], n_train), "test": split["test"]}
 
@@ -45,8 +47,10 @@ def _hub_chat(n_train, n_test, seed):
     from datasets import load_dataset
 
     data = load_dataset("HuggingFaceH4/ultrachat_200k")
-    return {"train": _limit(data["train_sft"].select_columns(["messages"]), n_train),
-            "test": _limit(data["test_sft"].select_columns(["messages"]), n_test)}
+    return {
+        "train": _limit(data["train_sft"].select_columns(["messages"]), n_train),
+        "test": _limit(data["test_sft"].select_columns(["messages"]), n_test),
+    }
 
 
 def _code_contests_rows(split: str, n: int | None) -> list[dict]:
@@ -54,12 +58,16 @@ def _code_contests_rows(split: str, n: int | None) -> list[dict]:
 
     rows = []
     for problem in load_dataset("deepmind/code_contests", split=split, streaming=True):
-        tests = [{"input": i, "output": o} for source in ("public_tests", "private_tests")
-                 for i, o in zip(problem[source]["input"], problem[source]["output"], strict=True)]
+        tests = [
+            {"input": i, "output": o}
+            for source in ("public_tests", "private_tests")
+            for i, o in zip(problem[source]["input"], problem[source]["output"], strict=True)
+        ]
         if not tests:
             continue
-        rows.append({"id": problem["name"], "statement": problem["description"], "testtype": "stdin",
-                     "tests": tests[:20]})
+        rows.append(
+            {"id": problem["name"], "statement": problem["description"], "testtype": "stdin", "tests": tests[:20]}
+        )
         if n is not None and len(rows) >= n:
             break
     return rows
@@ -68,15 +76,24 @@ def _code_contests_rows(split: str, n: int | None) -> list[dict]:
 def _hub_code(n_train, n_test, seed):
     from datasets import Dataset
 
-    return {"train": Dataset.from_list(_code_contests_rows("train", n_train or 2000)),
-            "test": Dataset.from_list(_code_contests_rows("valid", n_test))}
+    return {
+        "train": Dataset.from_list(_code_contests_rows("train", n_train or 2000)),
+        "test": Dataset.from_list(_code_contests_rows("valid", n_test)),
+    }
 
 
 _HUB_LOADERS = {"gsm8k": _hub_gsm8k, "preferences": _hub_preferences, "chat": _hub_chat, "code": _hub_code}
 
 
-def load(name: str, source: str, *, n_train: int | None = None, n_test: int | None = None, seed: int = 0,
-         workdir: str | Path = "outputs/data"):
+def load(
+    name: str,
+    source: str,
+    *,
+    n_train: int | None = None,
+    n_test: int | None = None,
+    seed: int = 0,
+    workdir: str | Path = "outputs/data",
+):
     """A ``DatasetDict`` with ``train`` and ``test`` for data set ``name``.
 
     ``source="hub"`` loads the real set by name; ``source="offline"`` the project's own set
@@ -96,8 +113,10 @@ def load(name: str, source: str, *, n_train: int | None = None, n_test: int | No
     n_train, n_test = n_train or 64, n_test or 16
     records = DATASETS[name](n_train + n_test, seed=seed)
     folder = Path(workdir) / "offline" / name
-    files = {"train": str(write_jsonl(folder / "train.jsonl", records[:n_train])),
-             "test": str(write_jsonl(folder / "test.jsonl", records[n_train:]))}
+    files = {
+        "train": str(write_jsonl(folder / "train.jsonl", records[:n_train])),
+        "test": str(write_jsonl(folder / "test.jsonl", records[n_train:])),
+    }
     return load_dataset("json", data_files=files)
 
 
@@ -121,8 +140,10 @@ def write_channels(dataset, folder: str | Path) -> dict[str, Path]:
 
 def upload_channels(session, folders: dict[str, Path], bucket: str, key_prefix: str) -> dict[str, str]:
     """Upload each channel folder with ``Session.upload_data``; returns {channel: S3 URI}."""
-    return {split: session.upload_data(str(path), bucket=bucket, key_prefix=f"{key_prefix}/{split}")
-            for split, path in folders.items()}
+    return {
+        split: session.upload_data(str(path), bucket=bucket, key_prefix=f"{key_prefix}/{split}")
+        for split, path in folders.items()
+    }
 
 
 def model_folder(model_id: str, cache_dir: str | Path = "outputs/models") -> Path:
@@ -138,10 +159,13 @@ def model_folder(model_id: str, cache_dir: str | Path = "outputs/models") -> Pat
         return smollm2_dir()
     from huggingface_hub import snapshot_download
 
-    return Path(snapshot_download(
-        model_id, local_dir=Path(cache_dir) / model_id.replace("/", "--"),
-        allow_patterns=["*.json", "*.safetensors", "*.txt", "*.model", "*.tiktoken", "*.jinja"],
-    ))
+    return Path(
+        snapshot_download(
+            model_id,
+            local_dir=Path(cache_dir) / model_id.replace("/", "--"),
+            allow_patterns=["*.json", "*.safetensors", "*.txt", "*.model", "*.tiktoken", "*.jinja"],
+        )
+    )
 
 
 def stage_model(session, model_id: str, bucket: str, key_prefix: str, cache_dir: str | Path = "outputs/models") -> str:

@@ -46,6 +46,7 @@ def record_requests(client, on_request: Callable[[dict], None]) -> Callable:
 
     Returns the handler (``client.meta.events.unregister(EVENT, handler)`` removes it).
     """
+
     def handler(params, **_):
         on_request(json.loads(json.dumps(params, default=str)))  # a plain copy, detached from botocore's
 
@@ -66,9 +67,11 @@ def summary_lines(request: dict) -> list[str]:
         f"TrainingJobName: {request.get('TrainingJobName')}",
         f"TrainingImage: {algorithm.get('TrainingImage')}",
         f"TrainingInputMode: {algorithm.get('TrainingInputMode')}",
-        *([f"InstanceGroups: {', '.join(instance_group_text(g) for g in resources['InstanceGroups'])}"]
-          if resources.get("InstanceGroups") else
-          [f"InstanceType: {resources.get('InstanceType')}", f"InstanceCount: {resources.get('InstanceCount')}"]),
+        *(
+            [f"InstanceGroups: {', '.join(instance_group_text(g) for g in resources['InstanceGroups'])}"]
+            if resources.get("InstanceGroups")
+            else [f"InstanceType: {resources.get('InstanceType')}", f"InstanceCount: {resources.get('InstanceCount')}"]
+        ),
         f"VolumeSizeInGB: {resources.get('VolumeSizeInGB')}",
         f"MaxRuntimeInSeconds: {stopping.get('MaxRuntimeInSeconds')}",
         f"MaxWaitTimeInSeconds: {stopping.get('MaxWaitTimeInSeconds')}",

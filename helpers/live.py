@@ -64,8 +64,7 @@ class LogReader:
 
     def _streams(self) -> list[str]:
         try:
-            response = self.client.describe_log_streams(logGroupName=LOG_GROUP,
-                                                        logStreamNamePrefix=self.job_name + "/")
+            response = self.client.describe_log_streams(logGroupName=LOG_GROUP, logStreamNamePrefix=self.job_name + "/")
         except self.client.exceptions.ResourceNotFoundException:
             return []  # the log group appears with the first job's first line
         return sorted(s["logStreamName"] for s in response.get("logStreams", []))
@@ -98,6 +97,7 @@ def use_widgets() -> bool:
         return False
     try:  # papermill and nbval run kernels with no front end to draw widgets
         import psutil
+
         parent = " ".join(psutil.Process(os.getppid()).cmdline())
         return not any(name in parent for name in ("papermill", "pytest", "nbclient", "run_notebooks"))
     except Exception:
@@ -110,8 +110,9 @@ class _WidgetView:
         from IPython.display import display
 
         self.status = w.HTML(f"<b>{html.escape(job_name)}</b>: starting")
-        self.progress = w.IntProgress(value=0, min=0, max=max_steps or 1, description="step",
-                                      layout=w.Layout(width="60%"))
+        self.progress = w.IntProgress(
+            value=0, min=0, max=max_steps or 1, description="step", layout=w.Layout(width="60%")
+        )
         self.step_label = w.Label("")
         self.metrics = w.HTML("")
         self.log = w.Textarea(value="", layout=w.Layout(width="100%", height="160px"), disabled=True)
@@ -121,16 +122,20 @@ class _WidgetView:
     def update(self, description: dict, records: list[dict], log_tail: list[str]) -> None:
         status, secondary = description["TrainingJobStatus"], description.get("SecondaryStatus", "")
         message = _last_transition_message(description)
-        self.status.value = (f"<b>{html.escape(self.job_name)}</b>: {status} / {secondary}"
-                             f"{' - ' + html.escape(message) if message else ''}")
+        self.status.value = (
+            f"<b>{html.escape(self.job_name)}</b>: {status} / {secondary}"
+            f"{' - ' + html.escape(message) if message else ''}"
+        )
         step = records[-1]["step"] if records else 0
         if self.max_steps:
             self.progress.value = min(step, self.max_steps)
         self.step_label.value = f"{step}/{self.max_steps or '?'}"
         values = latest(records)
-        self.metrics.value = "<table>" + "".join(
-            f"<tr><td>{html.escape(k)}</td><td>{v:.5g}</td></tr>" for k, v in values.items() if k != "step"
-        ) + "</table>"
+        self.metrics.value = (
+            "<table>"
+            + "".join(f"<tr><td>{html.escape(k)}</td><td>{v:.5g}</td></tr>" for k, v in values.items() if k != "step")
+            + "</table>"
+        )
         self.log.value = "\n".join(log_tail[-12:])
 
 
@@ -163,9 +168,17 @@ def _last_transition_message(description: dict) -> str:
     return transitions[-1].get("StatusMessage", "") if transitions else ""
 
 
-def watch(session, job_name: str, max_steps: int | None = None, *, poll_seconds: float = 2.0,
-          max_poll_seconds: float = 15.0, timeout_seconds: float | None = None, widgets: bool | None = None,
-          raise_on_failure: bool = True) -> JobResult:
+def watch(
+    session,
+    job_name: str,
+    max_steps: int | None = None,
+    *,
+    poll_seconds: float = 2.0,
+    max_poll_seconds: float = 15.0,
+    timeout_seconds: float | None = None,
+    widgets: bool | None = None,
+    raise_on_failure: bool = True,
+) -> JobResult:
     """Follow ``job_name`` until it ends; returns its status, metric records and description."""
     client = session.sagemaker_client
     logs = LogReader(session.boto_session.client("logs", region_name=session.boto_region_name), job_name)
@@ -188,19 +201,30 @@ def watch(session, job_name: str, max_steps: int | None = None, *, poll_seconds:
         if ended:
             break
         if timeout_seconds is not None and time.monotonic() - started > timeout_seconds:
-            raise TimeoutError(f"{job_name} still {description['TrainingJobStatus']} after {timeout_seconds:.0f} s; "
-                               f"it keeps running: watch it again or stop it with stop_training_job.")
+            raise TimeoutError(
+                f"{job_name} still {description['TrainingJobStatus']} after {timeout_seconds:.0f} s; "
+                f"it keeps running: watch it again or stop it with stop_training_job."
+            )
         time.sleep(delay)
         delay = min(max_poll_seconds, delay * 1.15)  # quick at first, gentle on the APIs for long jobs
 
-    result = JobResult(job_name, description["TrainingJobStatus"], description.get("SecondaryStatus", ""),
-                       description.get("FailureReason"), records, description, log_lines)
+    result = JobResult(
+        job_name,
+        description["TrainingJobStatus"],
+        description.get("SecondaryStatus", ""),
+        description.get("FailureReason"),
+        records,
+        description,
+        log_lines,
+    )
     _print_ending(result)
     if raise_on_failure and result.status != "Completed":
         guidance = explain_failure(description)
         tail = "\n".join(log_lines[-15:])
-        raise JobFailed(f"{job_name} ended {result.status}: {result.failure_reason}\n"
-                        f"{guidance + chr(10) if guidance else ''}Last log lines:\n{tail}")
+        raise JobFailed(
+            f"{job_name} ended {result.status}: {result.failure_reason}\n"
+            f"{guidance + chr(10) if guidance else ''}Last log lines:\n{tail}"
+        )
     return result
 
 

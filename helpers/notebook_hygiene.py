@@ -74,14 +74,19 @@ def problems(nb) -> list[str]:
             continue
         if is_checked(cell):
             if cell.execution_count != CHECKED_EXECUTION_COUNT:
-                found.append(f"cell {number} is checked by nbval and needs execution_count "
-                             f"{CHECKED_EXECUTION_COUNT} (python -m helpers.notebook_hygiene strip)")
+                found.append(
+                    f"cell {number} is checked by nbval and needs execution_count "
+                    f"{CHECKED_EXECUTION_COUNT} (python -m helpers.notebook_hygiene strip)"
+                )
             if not cell.outputs:
-                found.append(f"cell {number} is checked by nbval but stores no output "
-                             f"(python -m helpers.notebook_hygiene refresh outputs/main)")
+                found.append(
+                    f"cell {number} is checked by nbval but stores no output "
+                    f"(python -m helpers.notebook_hygiene refresh outputs/main)"
+                )
         elif cell.outputs or cell.execution_count is not None:
-            found.append(f"cell {number} keeps outputs or an execution count "
-                         f"(python -m helpers.notebook_hygiene strip)")
+            found.append(
+                f"cell {number} keeps outputs or an execution count (python -m helpers.notebook_hygiene strip)"
+            )
     return found
 
 
@@ -116,7 +121,7 @@ def cut_notebooks(dest: Path, work_dir: Path, extra_source=None, kernel: str = "
         checked = [i for i, cell in enumerate(nb.cells) if is_checked(cell)]
         if not checked or nb.metadata.get("kernelspec", {}).get("name") != kernel:
             continue
-        nb.cells = nb.cells[:checked[-1] + 1]
+        nb.cells = nb.cells[: checked[-1] + 1]
         if extra_source is not None:
             nb.cells.append(new_code_cell(extra_source(path.name), metadata={"tags": []}))
         nb = parameterize_notebook(nb, {"run_mode": "local", "work_dir": str(work_dir)})
@@ -130,10 +135,18 @@ def kernel_environment(local_root: Path) -> dict:
     import os
 
     env = dict(os.environ)
-    env.update({"SAGEMAKER_LOCAL_ROOT": str(local_root), "NOTEBOOK_PLAIN_OUTPUT": "1", "HF_HUB_OFFLINE": "1",
-                "HF_DATASETS_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "SAGEMAKER_SUPPRESS_V2_WARNING": "1",
-                "PYTHONPATH": str(REPO),
-                "PATH": os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])})
+    env.update(
+        {
+            "SAGEMAKER_LOCAL_ROOT": str(local_root),
+            "NOTEBOOK_PLAIN_OUTPUT": "1",
+            "HF_HUB_OFFLINE": "1",
+            "HF_DATASETS_OFFLINE": "1",
+            "TRANSFORMERS_OFFLINE": "1",
+            "SAGEMAKER_SUPPRESS_V2_WARNING": "1",
+            "PYTHONPATH": str(REPO),
+            "PATH": os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")]),
+        }
+    )
     return env
 
 
@@ -152,8 +165,9 @@ def refresh(run_out: Path) -> dict[str, dict[str, list]]:
             for kernel in KERNELS:
                 for cut in cut_notebooks(Path(tmp) / kernel, run_out / "work", kernel=kernel):
                     executed = cut.with_suffix(".out.ipynb")
-                    papermill.execute_notebook(str(cut), str(executed), cwd=str(cut.parent), kernel_name=kernel,
-                                               progress_bar=False)
+                    papermill.execute_notebook(
+                        str(cut), str(executed), cwd=str(cut.parent), kernel_name=kernel, progress_bar=False
+                    )
                     collected[cut.name] = checked_outputs_of(executed)
     finally:
         os.environ.clear()

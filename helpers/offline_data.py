@@ -33,8 +33,24 @@ import random
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
-NAMES = ["Natalia", "Weng", "Betty", "Julie", "James", "Albert", "Ken", "Alexis", "Tina", "Mark",
-         "Priya", "Omar", "Lena", "Diego", "Mei", "Sam"]
+NAMES = [
+    "Natalia",
+    "Weng",
+    "Betty",
+    "Julie",
+    "James",
+    "Albert",
+    "Ken",
+    "Alexis",
+    "Tina",
+    "Mark",
+    "Priya",
+    "Omar",
+    "Lena",
+    "Diego",
+    "Mei",
+    "Sam",
+]
 ITEMS = ["apples", "pencils", "stickers", "cookies", "marbles", "books", "cards", "shells"]
 
 SYSTEM_PROMPT = "You are a helpful assistant. Solve the problem step by step and end with '#### <answer>'."
@@ -42,15 +58,20 @@ SYSTEM_PROMPT = "You are a helpful assistant. Solve the problem step by step and
 
 # --------------------------------------------------------------------------- GSM8K style
 
+
 def _problem_sold_half(rng: random.Random) -> tuple[str, list[str], int]:
     name, item = rng.choice(NAMES), rng.choice(ITEMS)
     first = 2 * rng.randint(5, 60)
     second = first // 2
     total = first + second
-    question = (f"{name} sold {first} {item} in April, and then sold half as many {item} in May. "
-                f"How many {item} did {name} sell altogether in April and May?")
-    steps = [f"{name} sold {first}/2 = <<{first}/2={second}>>{second} {item} in May.",
-             f"{name} sold {first}+{second} = <<{first}+{second}={total}>>{total} {item} altogether."]
+    question = (
+        f"{name} sold {first} {item} in April, and then sold half as many {item} in May. "
+        f"How many {item} did {name} sell altogether in April and May?"
+    )
+    steps = [
+        f"{name} sold {first}/2 = <<{first}/2={second}>>{second} {item} in May.",
+        f"{name} sold {first}+{second} = <<{first}+{second}={total}>>{total} {item} altogether.",
+    ]
     return question, steps, total
 
 
@@ -69,10 +90,14 @@ def _problem_saving(rng: random.Random) -> tuple[str, list[str], int]:
     saved = rng.randint(1, price - 1)
     gift = rng.randint(0, price - saved)
     need = price - saved - gift
-    question = (f"{name} wants a new {item} that costs ${price}. {name} has saved ${saved} and a friend gives "
-                f"{name} ${gift}. How much more money does {name} need?")
-    steps = [f"{name} has {saved}+{gift} = <<{saved}+{gift}={saved + gift}>>{saved + gift} dollars.",
-             f"{name} needs {price}-{saved + gift} = <<{price}-{saved + gift}={need}>>{need} more dollars."]
+    question = (
+        f"{name} wants a new {item} that costs ${price}. {name} has saved ${saved} and a friend gives "
+        f"{name} ${gift}. How much more money does {name} need?"
+    )
+    steps = [
+        f"{name} has {saved}+{gift} = <<{saved}+{gift}={saved + gift}>>{saved + gift} dollars.",
+        f"{name} needs {price}-{saved + gift} = <<{price}-{saved + gift}={need}>>{need} more dollars.",
+    ]
     return question, steps, need
 
 
@@ -82,10 +107,14 @@ def _problem_boxes(rng: random.Random) -> tuple[str, list[str], int]:
     have = boxes * per_box
     given = min(given, have)
     left = have - given
-    question = (f"{name} has {boxes} boxes with {per_box} {item} in each box. {name} gives away {given} {item}. "
-                f"How many {item} does {name} have left?")
-    steps = [f"{name} starts with {boxes}*{per_box} = <<{boxes}*{per_box}={have}>>{have} {item}.",
-             f"After giving some away, {name} has {have}-{given} = <<{have}-{given}={left}>>{left} {item}."]
+    question = (
+        f"{name} has {boxes} boxes with {per_box} {item} in each box. {name} gives away {given} {item}. "
+        f"How many {item} does {name} have left?"
+    )
+    steps = [
+        f"{name} starts with {boxes}*{per_box} = <<{boxes}*{per_box}={have}>>{have} {item}.",
+        f"After giving some away, {name} has {have}-{given} = <<{have}-{given}={left}>>{left} {item}.",
+    ]
     return question, steps, left
 
 
@@ -94,10 +123,14 @@ def _problem_pages(rng: random.Random) -> tuple[str, list[str], int]:
     per_day, days, extra = rng.randint(5, 40), rng.randint(2, 7), rng.randint(0, 30)
     read = per_day * days
     total = read + extra
-    question = (f"{name} reads {per_day} pages a day for {days} days and then {extra} pages on the weekend. "
-                f"How many pages did {name} read in total?")
-    steps = [f"On weekdays {name} read {per_day}*{days} = <<{per_day}*{days}={read}>>{read} pages.",
-             f"In total {name} read {read}+{extra} = <<{read}+{extra}={total}>>{total} pages."]
+    question = (
+        f"{name} reads {per_day} pages a day for {days} days and then {extra} pages on the weekend. "
+        f"How many pages did {name} read in total?"
+    )
+    steps = [
+        f"On weekdays {name} read {per_day}*{days} = <<{per_day}*{days}={read}>>{read} pages.",
+        f"In total {name} read {read}+{extra} = <<{read}+{extra}={total}>>{total} pages.",
+    ]
     return question, steps, total
 
 
@@ -105,19 +138,23 @@ def _problem_share(rng: random.Random) -> tuple[str, list[str], int]:
     name, item = rng.choice(NAMES), rng.choice(ITEMS)
     friends, each = rng.randint(2, 8), rng.randint(2, 15)
     total = friends * each
-    question = (f"{name} shares {total} {item} equally among {friends} friends. How many {item} does each "
-                f"friend get?")
+    question = f"{name} shares {total} {item} equally among {friends} friends. How many {item} does each friend get?"
     steps = [f"Each friend gets {total}/{friends} = <<{total}/{friends}={each}>>{each} {item}."]
     return question, steps, each
 
 
 GSM8K_TEMPLATES: list[Callable[[random.Random], tuple[str, list[str], int]]] = [
-    _problem_sold_half, _problem_hourly_pay, _problem_saving, _problem_boxes, _problem_pages, _problem_share,
+    _problem_sold_half,
+    _problem_hourly_pay,
+    _problem_saving,
+    _problem_boxes,
+    _problem_pages,
+    _problem_share,
 ]
 
 
-
 # Easy problems: one step, numbers below 10. The answer of a "stated" problem is in the question.
+
 
 def _easy_stated(rng: random.Random) -> tuple[str, list[str], int]:
     name, item, count = rng.choice(NAMES), rng.choice(ITEMS), rng.randint(1, 9)
@@ -159,7 +196,12 @@ def _easy_fact(rng: random.Random) -> tuple[str, list[str], int]:
 
 
 EASY_GSM8K_TEMPLATES: list[Callable[[random.Random], tuple[str, list[str], int]]] = [
-    _easy_fact, _easy_fact, _easy_fact, _easy_stated, _easy_more, _easy_left,
+    _easy_fact,
+    _easy_fact,
+    _easy_fact,
+    _easy_stated,
+    _easy_more,
+    _easy_left,
 ]
 
 
@@ -190,10 +232,12 @@ def gsm8k_final_number(answer: str) -> str:
 def solution_text(answer: str) -> str:
     """A GSM8K answer without the ``<<...>>`` calculator annotations, as a model should write it."""
     import re
+
     return re.sub(r"<<[^>]*>>", "", answer)
 
 
 # --------------------------------------------------------------------------- preferences, chat
+
 
 def preference_records(n: int, seed: int = 0) -> list[dict]:
     """Preference pairs: the correct worked solution is chosen, one with a wrong final number rejected."""
@@ -263,14 +307,18 @@ def chat_records(n: int, seed: int = 0) -> list[dict]:
 
 # --------------------------------------------------------------------------- competitive programming
 
+
 def _code_sum_two(rng: random.Random, idx: int) -> dict:
     tests = []
     for _ in range(4):
         a, b = rng.randint(-1000, 1000), rng.randint(-1000, 1000)
         tests.append({"input": f"{a} {b}\n", "output": f"{a + b}\n"})
-    return {"id": f"sum-two-{idx}", "testtype": "stdin",
-            "statement": "Read two integers a and b from one line of standard input and print a + b.",
-            "tests": tests}
+    return {
+        "id": f"sum-two-{idx}",
+        "testtype": "stdin",
+        "statement": "Read two integers a and b from one line of standard input and print a + b.",
+        "tests": tests,
+    }
 
 
 def _code_max_list(rng: random.Random, idx: int) -> dict:
@@ -278,9 +326,12 @@ def _code_max_list(rng: random.Random, idx: int) -> dict:
     for _ in range(4):
         values = [rng.randint(-100, 100) for _ in range(rng.randint(1, 8))]
         tests.append({"input": f"{len(values)}\n{' '.join(map(str, values))}\n", "output": f"{max(values)}\n"})
-    return {"id": f"max-list-{idx}", "testtype": "stdin",
-            "statement": "The first line holds n, the second n integers. Print the largest of them.",
-            "tests": tests}
+    return {
+        "id": f"max-list-{idx}",
+        "testtype": "stdin",
+        "statement": "The first line holds n, the second n integers. Print the largest of them.",
+        "tests": tests,
+    }
 
 
 def _code_reverse(rng: random.Random, idx: int) -> dict:
@@ -288,8 +339,12 @@ def _code_reverse(rng: random.Random, idx: int) -> dict:
     for _ in range(4):
         word = "".join(rng.choice("abcdefghij") for _ in range(rng.randint(1, 10)))
         tests.append({"input": word + "\n", "output": word[::-1] + "\n"})
-    return {"id": f"reverse-{idx}", "testtype": "stdin",
-            "statement": "Read one word and print it reversed.", "tests": tests}
+    return {
+        "id": f"reverse-{idx}",
+        "testtype": "stdin",
+        "statement": "Read one word and print it reversed.",
+        "tests": tests,
+    }
 
 
 def _code_average(rng: random.Random, idx: int) -> dict:
@@ -297,10 +352,14 @@ def _code_average(rng: random.Random, idx: int) -> dict:
     for _ in range(4):
         values = [rng.randint(0, 50) for _ in range(rng.randint(1, 6))]
         tests.append({"input": " ".join(map(str, values)) + "\n", "output": f"{sum(values) / len(values):.6f}\n"})
-    return {"id": f"average-{idx}", "testtype": "stdin", "float_tolerance": True,
-            "statement": "Read integers from one line and print their mean (an absolute or relative error "
-                         "of 1e-6 is accepted).",
-            "tests": tests}
+    return {
+        "id": f"average-{idx}",
+        "testtype": "stdin",
+        "float_tolerance": True,
+        "statement": "Read integers from one line and print their mean (an absolute or relative error "
+        "of 1e-6 is accepted).",
+        "tests": tests,
+    }
 
 
 def _code_add_function(rng: random.Random, idx: int) -> dict:
@@ -308,18 +367,27 @@ def _code_add_function(rng: random.Random, idx: int) -> dict:
     for _ in range(4):
         a, b = rng.randint(-50, 50), rng.randint(-50, 50)
         tests.append({"input": json.dumps([a, b]), "output": json.dumps(a * b + a)})
-    return {"id": f"func-{idx}", "testtype": "functional", "fn_name": "solve",
-            "statement": "Write a function solve(a, b) that returns a * b + a.", "tests": tests}
+    return {
+        "id": f"func-{idx}",
+        "testtype": "functional",
+        "fn_name": "solve",
+        "statement": "Write a function solve(a, b) that returns a * b + a.",
+        "tests": tests,
+    }
 
 
 CODE_TEMPLATES = [_code_sum_two, _code_max_list, _code_reverse, _code_average, _code_add_function]
 
 # How the code environment (scripts/environments/code.py) asks; a test checks the two agree.
-CODE_SYSTEM_PROMPT = ("You are an expert competitive programmer. Solve the problem in Python 3. Think briefly, then "
-                      "give the complete solution in one ```python code block.")
+CODE_SYSTEM_PROMPT = (
+    "You are an expert competitive programmer. Solve the problem in Python 3. Think briefly, then "
+    "give the complete solution in one ```python code block."
+)
 _STDIN_TASK = "Read the input from standard input and print the answer to standard output."
-_FUNCTIONAL_TASK = ("Write a Python function `{fn_name}` (a plain function, or a method of `class Solution`); it is "
-                    "called with the test's arguments and its return value is checked.")
+_FUNCTIONAL_TASK = (
+    "Write a Python function `{fn_name}` (a plain function, or a method of `class Solution`); it is "
+    "called with the test's arguments and its return value is checked."
+)
 
 # A short correct program per template (the part of the id before its number).
 _CODE_SOLUTIONS = {
@@ -349,6 +417,7 @@ def code_problem_records(n: int, seed: int = 0) -> list[dict]:
 
 
 # --------------------------------------------------------------------------- writing
+
 
 def write_jsonl(path: str | Path, records: Iterable[dict]) -> Path:
     path = Path(path)
@@ -389,10 +458,13 @@ def corpus(seed: int = 0) -> list[str]:
     texts = [SYSTEM_PROMPT]
     texts += [r["question"] + "\n" + solution_text(r["answer"]) for r in gsm8k_records(400, seed)]
     texts += [m["content"] for r in _worded_chat_records(80, seed) for m in r["messages"]]
-    texts += [p["statement"] + "\n" + t["input"] + t["output"]
-              for p in code_problem_records(40, seed) for t in p["tests"]]
-    texts += ["```python\nimport sys\n\ndef main():\n    data = sys.stdin.read().split()\n"
-              "    print(sum(int(x) for x in data))\n\nif __name__ == '__main__':\n    main()\n```",
-              "def solve(a, b):\n    return a * b + a\n",
-              "<think>\nLet me work it out step by step.\n</think>\n\\boxed{42} The answer is $1,000.00 or -3 or 3/4."]
+    texts += [
+        p["statement"] + "\n" + t["input"] + t["output"] for p in code_problem_records(40, seed) for t in p["tests"]
+    ]
+    texts += [
+        "```python\nimport sys\n\ndef main():\n    data = sys.stdin.read().split()\n"
+        "    print(sum(int(x) for x in data))\n\nif __name__ == '__main__':\n    main()\n```",
+        "def solve(a, b):\n    return a * b + a\n",
+        "<think>\nLet me work it out step by step.\n</think>\n\\boxed{42} The answer is $1,000.00 or -3 or 3/4.",
+    ]
     return texts

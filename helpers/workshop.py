@@ -52,8 +52,10 @@ class State:
     def require(self, key: str, written_by: str = "00_setup_and_data.ipynb"):
         state = self.load()
         if key not in state:
-            raise LaunchError(f"{self.path} has no '{key}': run {written_by} first (with the same state_file), "
-                              f"it prepares the data and the model.")
+            raise LaunchError(
+                f"{self.path} has no '{key}': run {written_by} first (with the same state_file), "
+                f"it prepares the data and the model."
+            )
         return state[key]
 
     def job(self, job_name: str) -> dict:
@@ -64,9 +66,9 @@ class State:
 
     def record_job(self, notebook: str, request: dict) -> None:
         state = self.load()
-        state.setdefault("jobs", []).append({
-            "notebook": notebook, "job_name": request.get("TrainingJobName"), "request": request,
-            "status": "Created"})
+        state.setdefault("jobs", []).append(
+            {"notebook": notebook, "job_name": request.get("TrainingJobName"), "request": request, "status": "Created"}
+        )
         self._write(state)
 
     def record_result(self, result: JobResult, label: str | None = None) -> None:
@@ -76,11 +78,15 @@ class State:
         if entry is None:
             entry = {"job_name": result.job_name}
             jobs.append(entry)
-        entry.update(status=result.status, secondary_status=result.secondary_status,
-                     failure_reason=result.failure_reason, final_metrics=result.final_metrics,
-                     model_data=result.model_data,
-                     billable_seconds=result.description.get("BillableTimeInSeconds"),
-                     training_seconds=result.description.get("TrainingTimeInSeconds"))
+        entry.update(
+            status=result.status,
+            secondary_status=result.secondary_status,
+            failure_reason=result.failure_reason,
+            final_metrics=result.final_metrics,
+            model_data=result.model_data,
+            billable_seconds=result.description.get("BillableTimeInSeconds"),
+            training_seconds=result.description.get("TrainingTimeInSeconds"),
+        )
         if label:
             entry["label"] = label
         self._write(state)
@@ -111,10 +117,12 @@ class Workshop:
             sft_job = self.state.require("sft_job", written_by="01_estimator_sft.ipynb")
             model_data = self.state.job(sft_job).get("model_data")
             if not model_data:
-                raise LaunchError(f"SFT job {sft_job} has no model artifact (status {self.state.job(sft_job).get('status')}): "
-                                  "run 01_estimator_sft.ipynb to completion first, or start from \"base\".")
+                raise LaunchError(
+                    f"SFT job {sft_job} has no model artifact (status {self.state.job(sft_job).get('status')}): "
+                    'run 01_estimator_sft.ipynb to completion first, or start from "base".'
+                )
             return model_data
-        raise LaunchError(f"start_from must be \"base\" or \"sft\", got {start_from!r}.")
+        raise LaunchError(f'start_from must be "base" or "sft", got {start_from!r}.')
 
     def record(self, client) -> None:
         """Record every CreateTrainingJob this boto3 SageMaker client sends in the state file."""
@@ -126,16 +134,30 @@ class Workshop:
             result = watch(self.session, job_name, max_steps, **kwargs)
         except Exception:
             description = self.session.sagemaker_client.describe_training_job(TrainingJobName=job_name)
-            self.state.record_result(JobResult(job_name, description["TrainingJobStatus"],
-                                               description.get("SecondaryStatus", ""),
-                                               description.get("FailureReason"), [], description), label)
+            self.state.record_result(
+                JobResult(
+                    job_name,
+                    description["TrainingJobStatus"],
+                    description.get("SecondaryStatus", ""),
+                    description.get("FailureReason"),
+                    [],
+                    description,
+                ),
+                label,
+            )
             raise
         self.state.record_result(result, label)
         return result
 
 
-def start(notebook: str, run_mode: str = "auto", region: str | None = None, role: str | None = None,
-          bucket: str | None = None, state_file: str | Path = DEFAULT_STATE_FILE) -> Workshop:
+def start(
+    notebook: str,
+    run_mode: str = "auto",
+    region: str | None = None,
+    role: str | None = None,
+    bucket: str | None = None,
+    state_file: str | Path = DEFAULT_STATE_FILE,
+) -> Workshop:
     """Open the session for ``run_mode`` (``helpers.session.make_session``) and say where everything goes."""
     from helpers.session import describe_mode, execution_role, make_session
 
@@ -155,8 +177,11 @@ def start(notebook: str, run_mode: str = "auto", region: str | None = None, role
     workshop = Workshop(session, role, bucket, session.boto_region_name, mode, notebook, State(state_file))
     workshop.record(session.sagemaker_client)
     workshop.state.update(run_mode=mode, region=workshop.region, bucket=bucket, role=role)
-    print("\n".join([describe_mode(session), f"role: {role}", f"bucket: s3://{bucket}",
-                      f"state file: {workshop.state.path}"]))
+    print(
+        "\n".join(
+            [describe_mode(session), f"role: {role}", f"bucket: s3://{bucket}", f"state file: {workshop.state.path}"]
+        )
+    )
     return workshop
 
 

@@ -75,26 +75,36 @@ class CodeRLArgs(grpo.GRPOArgs):
     help_group = "judging"  # the heading of these options in --help
 
     reward_mode: Literal["fraction", "all_or_nothing"] = option(
-        "fraction", "fraction: reward = share of tests passed (all tests run); all_or_nothing: 1 only if every test "
-                    "passes, judging stops at the first failure")
+        "fraction",
+        "fraction: reward = share of tests passed (all tests run); all_or_nothing: 1 only if every test "
+        "passes, judging stops at the first failure",
+    )
     max_tests: int = option(0, "judge at most this many tests per problem, in data order; 0 = all")
     time_limit: float = option(2.0, "CPU seconds per test")
     memory_limit_mb: int = option(512, "memory per test on top of the interpreter, in MiB")
     output_limit_mb: int = option(16, "largest output per test, in MiB")
-    judge_workers: int = option(0, "sandbox workers (tests run at once) per judging process; 0 = this host's CPUs "
-                                   "divided by the processes on it")
-    judge_timeout: float = option(3600.0, "seconds any rank waits for the others (a judge waits for rank 0 through "
-                                          "generation and the update; with --judge_group learners wait for the "
-                                          "judges' start, and a judge nobody calls stops) before failing")
-    self_test: bool = option(True, "attack the sandbox with hostile programs before judging and refuse to train if "
-                                   "any escapes")
+    judge_workers: int = option(
+        0,
+        "sandbox workers (tests run at once) per judging process; 0 = this host's CPUs divided by the processes on it",
+    )
+    judge_timeout: float = option(
+        3600.0,
+        "seconds any rank waits for the others (a judge waits for rank 0 through "
+        "generation and the update; with --judge_group learners wait for the "
+        "judges' start, and a judge nobody calls stops) before failing",
+    )
+    self_test: bool = option(
+        True, "attack the sandbox with hostile programs before judging and refuse to train if any escapes"
+    )
 
     # A heterogeneous cluster: learner and judge instance groups.
-    judge_group: str = option("", "the instance group whose hosts judge; the other groups learn. Empty: torchrun "
-                                  "ranks 1..N judge")
+    judge_group: str = option(
+        "", "the instance group whose hosts judge; the other groups learn. Empty: torchrun ranks 1..N judge"
+    )
     judge_port: int = option(29800, "TCP port of the first judge host's service; the i-th listens on this + i")
-    verdict_timeout: float = option(600.0, "seconds a learner waits for one judge's verdicts before resending its "
-                                           "programs to the other judges")
+    verdict_timeout: float = option(
+        600.0, "seconds a learner waits for one judge's verdicts before resending its programs to the other judges"
+    )
 
     def validate(self, world_size: int) -> None:
         super().validate(world_size)
@@ -115,17 +125,23 @@ def judge_addresses(args: CodeRLArgs) -> list[tuple[str, int]]:
     """(host, port) of every judge service of ``--judge_group``, after checking the cluster options."""
     groups = contract.instance_groups()
     if args.judge_group not in groups:
-        raise UserError(f"--judge_group {args.judge_group!r} is not an instance group of this job "
-                        f"(groups: {', '.join(groups) or 'none: the job is not a heterogeneous cluster'}). "
-                        "Name the judges' group of the estimator's instance_groups, or leave --judge_group "
-                        "empty for torchrun judges.")
+        raise UserError(
+            f"--judge_group {args.judge_group!r} is not an instance group of this job "
+            f"(groups: {', '.join(groups) or 'none: the job is not a heterogeneous cluster'}). "
+            "Name the judges' group of the estimator's instance_groups, or leave --judge_group "
+            "empty for torchrun judges."
+        )
     if len(groups) < 2:
-        raise UserError(f"--judge_group {args.judge_group!r} is the job's only instance group: add a learner "
-                        "group (instance_groups=[InstanceGroup('learner', ...), InstanceGroup('judge', ...)]).")
+        raise UserError(
+            f"--judge_group {args.judge_group!r} is the job's only instance group: add a learner "
+            "group (instance_groups=[InstanceGroup('learner', ...), InstanceGroup('judge', ...)])."
+        )
     hosts = groups[args.judge_group]
     if not 1024 <= args.judge_port <= 65535 - len(hosts):
-        raise UserError(f"--judge_port {args.judge_port} must be in 1024..{65535 - len(hosts)} "
-                        f"(the {len(hosts)} judge hosts use it and the ports after it).")
+        raise UserError(
+            f"--judge_port {args.judge_port} must be in 1024..{65535 - len(hosts)} "
+            f"(the {len(hosts)} judge hosts use it and the ports after it)."
+        )
     return [(host, args.judge_port + index) for index, host in enumerate(hosts)]
 
 
@@ -135,8 +151,7 @@ def sandbox_workers(args: CodeRLArgs) -> int:
 
 def make_sandbox(args: CodeRLArgs) -> Sandbox:
     workers = sandbox_workers(args)
-    limits = Limits(time_limit=args.time_limit, memory_mb=args.memory_limit_mb,
-                    output_bytes=args.output_limit_mb << 20)
+    limits = Limits(time_limit=args.time_limit, memory_mb=args.memory_limit_mb, output_bytes=args.output_limit_mb << 20)
     # Judges on one host take disjoint uids (claimed through lock files); the base keeps them apart at a glance.
     return Sandbox(workers=workers, limits=limits, uid_base=61000 + 256 * int(os.environ.get("LOCAL_RANK", 0)))
 
@@ -217,9 +232,11 @@ def serve_judge_host(args: CodeRLArgs, port: int) -> None:
     """A host of ``--judge_group``: the self-test, then the judge service, supervised, until the
     learners' stop (see the module docstring for why a dead service is restarted)."""
     if int(os.environ.get("LOCAL_WORLD_SIZE", 1)) > 1:
-        raise UserError(f"torchrun started {os.environ['LOCAL_WORLD_SIZE']} processes on judge host "
-                        f"{contract.current_host()}; a judge host runs one service. Add the hyperparameter "
-                        "sagemaker_distribution_instance_groups=['<learner group>'] so torchrun spans the learners only.")
+        raise UserError(
+            f"torchrun started {os.environ['LOCAL_WORLD_SIZE']} processes on judge host "
+            f"{contract.current_host()}; a judge host runs one service. Add the hyperparameter "
+            "sagemaker_distribution_instance_groups=['<learner group>'] so torchrun spans the learners only."
+        )
     with make_sandbox(args) as sandbox:
         reason = self_test(args, sandbox)
         info = {"host": contract.current_host(), "workers": sandbox_workers(args), "sandbox": sandbox.describe()}

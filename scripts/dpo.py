@@ -62,23 +62,29 @@ class DPOArgs(contract.TrainingArgs):
     per_device_batch_size: int = option(2, "pairs per forward pass on one process; the rest is gradient accumulation")
     max_prompt_length: int = option(512, "keep at most this many prompt tokens, the last ones")
     max_length: int = option(1024, "truncate prompt + answer to this many tokens")
-    reference_model_name_or_path: str = option("", "the frozen reference model; empty = the starting model "
-                                                   "(default: empty)")
-    precompute_ref_log_probs: bool = option(False, "compute the reference log-probs once before training and free "
-                                                   "the reference model (saves memory and time per step)")
+    reference_model_name_or_path: str = option(
+        "", "the frozen reference model; empty = the starting model (default: empty)"
+    )
+    precompute_ref_log_probs: bool = option(
+        False,
+        "compute the reference log-probs once before training and free "
+        "the reference model (saves memory and time per step)",
+    )
     eval_every: int = option(0, "with a 'test' channel: evaluate every N steps; 0 = at the end only")
     warmup_steps: int = option(10, "linear warm-up steps")
     weight_decay: float = option(0.0, "AdamW weight decay on matrices (not on biases and norms)")
     max_grad_norm: float = option(1.0, "clip the gradients' global norm; 0 = no clipping")
-    gradient_checkpointing: bool = option(False, "recompute activations in the backward pass to save memory; "
-                                                 "always on with --strategy fsdp")
+    gradient_checkpointing: bool = option(
+        False, "recompute activations in the backward pass to save memory; always on with --strategy fsdp"
+    )
 
     def validate(self, world_size: int) -> None:
         super().validate(world_size)
         contract.require_at_least_one(self, "batch_size", "per_device_batch_size", "max_prompt_length", "max_length")
         if self.max_prompt_length >= self.max_length:
-            raise UserError(f"--max_prompt_length ({self.max_prompt_length}) must be below --max_length "
-                            f"({self.max_length}).")
+            raise UserError(
+                f"--max_prompt_length ({self.max_prompt_length}) must be below --max_length ({self.max_length})."
+            )
         if self.beta <= 0:
             raise UserError(f"--beta must be positive, got {self.beta}.")
         contract.require_whole_micro_batches(self, world_size)
@@ -114,9 +120,11 @@ def tokenize_pair(tokenizer, row: dict, max_prompt_length: int, max_length: int)
     prompt_length = min(common_prefix_length(prompt_ids, with_chosen), common_prefix_length(prompt_ids, with_rejected))
     prompt_ids = prompt_ids[:prompt_length][-max_prompt_length:]  # keep the end: the question is at the end
     room = max_length - len(prompt_ids)
-    return {"prompt_ids": prompt_ids,
-            "chosen_ids": with_chosen[prompt_length:][:room],
-            "rejected_ids": with_rejected[prompt_length:][:room]}
+    return {
+        "prompt_ids": prompt_ids,
+        "chosen_ids": with_chosen[prompt_length:][:room],
+        "rejected_ids": with_rejected[prompt_length:][:room],
+    }
 
 
 def collate_pairs(examples: list[dict], pad_token_id: int, device: torch.device) -> dict[str, torch.Tensor]:
@@ -170,7 +178,7 @@ def precompute_reference_logps(reference, examples: list[dict], learners, batch_
     """[(chosen, rejected)] reference log-probs of every pair; each learner does its share."""
     mine = {}
     my_indices = list(range(learners.rank, len(examples), learners.world_size))
-    my_batches = [my_indices[start:start + batch_size] for start in range(0, len(my_indices), batch_size)]
+    my_batches = [my_indices[start : start + batch_size] for start in range(0, len(my_indices), batch_size)]
     # A sharded reference's forward is a collective: every learner runs as many as learner 0, which
     # has the most pairs; the others repeat a batch they do not count.
     rounds = -(-len(range(0, len(examples), learners.world_size)) // batch_size)
@@ -201,13 +209,22 @@ def evaluate(model, reference, ref_table, examples: list[dict], learners, args: 
             chosen, rejected = completion_logps(logits, batch["input_ids"], batch["completion_mask"]).chunk(2)
             losses, chosen_rewards, rejected_rewards = dpo_loss(chosen, rejected, ref_chosen, ref_rejected, args.beta)
             if counted:
-                sums += torch.tensor([losses.sum().item(), (chosen_rewards > rejected_rewards).sum().item(),
-                                      (chosen_rewards - rejected_rewards).sum().item(), len(indices)],
-                                     dtype=torch.float64)
+                sums += torch.tensor(
+                    [
+                        losses.sum().item(),
+                        (chosen_rewards > rejected_rewards).sum().item(),
+                        (chosen_rewards - rejected_rewards).sum().item(),
+                        len(indices),
+                    ],
+                    dtype=torch.float64,
+                )
     model.train()
     loss, accurate, margins, pairs = distributed.all_reduce_sum(sums, learners).tolist()
-    return {"eval_loss": loss / pairs, "eval_rewards_accuracies": accurate / pairs,
-            "eval_rewards_margins": margins / pairs}
+    return {
+        "eval_loss": loss / pairs,
+        "eval_rewards_accuracies": accurate / pairs,
+        "eval_rewards_margins": margins / pairs,
+    }
 
 
 # --------------------------------------------------------------------------- training
@@ -238,8 +255,9 @@ def train(args: DPOArgs, learners: distributed.Learners) -> bool:
     model = models.prepare_for_training(model, learners, args.strategy, args.gradient_checkpointing)
     reference_path = model_path  # the starting model, unless another is named
     if args.reference_model_name_or_path:
-        reference_path = models.resolve_model_path(args.reference_model_name_or_path,
-                                                   "--reference_model_name_or_path", use_channel=False)
+        reference_path = models.resolve_model_path(
+            args.reference_model_name_or_path, "--reference_model_name_or_path", use_channel=False
+        )
     reference = models.load_reference(reference_path, learners, args.strategy)
     optimizer = models.build_optimizer(model, args.learning_rate, args.weight_decay)
     scheduler = get_cosine_schedule_with_warmup(optimizer, min(args.warmup_steps, args.max_steps), args.max_steps)
@@ -247,8 +265,9 @@ def train(args: DPOArgs, learners: distributed.Learners) -> bool:
 
     # ---- resume after a spot interruption or a restart, from the newest whole checkpoint
     checkpoint_dir = args.checkpoint_dir or contract.default_checkpoint_dir()
-    checkpointer = checkpoints.Checkpointer(checkpoint_dir, learners, keep=args.keep_checkpoints,
-                                            background=args.checkpoint_in_background)
+    checkpointer = checkpoints.Checkpointer(
+        checkpoint_dir, learners, keep=args.keep_checkpoints, background=args.checkpoint_in_background
+    )
     resumed = checkpointer.load_latest(model, optimizer, scheduler)
     start_step, ref_table, test_ref_table = 0, None, None
     if resumed is not None:
@@ -258,27 +277,44 @@ def train(args: DPOArgs, learners: distributed.Learners) -> bool:
     if args.precompute_ref_log_probs:
         if ref_table is None:
             log.info("computing reference log-probs of %d pairs", len(examples) + len(test_examples))
-            ref_table = precompute_reference_logps(reference, examples, learners, args.per_device_batch_size,
-                                                   tokenizer.pad_token_id)
-            test_ref_table = precompute_reference_logps(reference, test_examples, learners,
-                                                        args.per_device_batch_size, tokenizer.pad_token_id)
+            ref_table = precompute_reference_logps(
+                reference, examples, learners, args.per_device_batch_size, tokenizer.pad_token_id
+            )
+            test_ref_table = precompute_reference_logps(
+                reference, test_examples, learners, args.per_device_batch_size, tokenizer.pad_token_id
+            )
         del reference  # not needed any more: frees its memory
         reference = None
 
-    logger = metrics.MetricLogger(contract.output_data_dir() / "metrics.jsonl", learners, args.max_steps,
-                                  resume_step=start_step)
+    logger = metrics.MetricLogger(
+        contract.output_data_dir() / "metrics.jsonl", learners, args.max_steps, resume_step=start_step
+    )
     sigterm = checkpoints.SigtermFlag()
     checkpoint_schedule = checkpoints.CheckpointSchedule(args.checkpoint_every, args.checkpoint_every_minutes)
 
     for step in range(start_step + 1, args.max_steps + 1):
         # ---- the global batch, longest first so micro-batches hold similar lengths (less padding)
-        global_batch = sorted(batch_order.next(), key=lambda i: -len(examples[i]["prompt_ids"])
-                              - max(len(examples[i]["chosen_ids"]), len(examples[i]["rejected_ids"])))
+        global_batch = sorted(
+            batch_order.next(),
+            key=lambda i: (
+                -len(examples[i]["prompt_ids"]) - max(len(examples[i]["chosen_ids"]), len(examples[i]["rejected_ids"]))
+            ),
+        )
         my_micro_batches = data.shard_batch(global_batch, learners, args.per_device_batch_size)
 
         # ---- forward and backward over this learner's micro-batches (gradient accumulation)
-        sums = dict.fromkeys(("loss", "rewards_chosen", "rewards_rejected", "rewards_accuracies", "rewards_margins",
-                              "logps_chosen", "logps_rejected"), 0.0)
+        sums = dict.fromkeys(
+            (
+                "loss",
+                "rewards_chosen",
+                "rewards_rejected",
+                "rewards_accuracies",
+                "rewards_margins",
+                "logps_chosen",
+                "logps_rejected",
+            ),
+            0.0,
+        )
         for micro_step, indices in enumerate(my_micro_batches):
             batch = collate_pairs([examples[i] for i in indices], tokenizer.pad_token_id, learners.device)
             ref_chosen, ref_rejected = reference_logps_for(indices, batch, reference, ref_table, learners)
@@ -287,9 +323,11 @@ def train(args: DPOArgs, learners: distributed.Learners) -> bool:
                 with distributed.autocast(learners):
                     logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
                 chosen_logps, rejected_logps = completion_logps(
-                    logits, batch["input_ids"], batch["completion_mask"]).chunk(2)
+                    logits, batch["input_ids"], batch["completion_mask"]
+                ).chunk(2)
                 losses, chosen_rewards, rejected_rewards = dpo_loss(
-                    chosen_logps, rejected_logps, ref_chosen, ref_rejected, args.beta)
+                    chosen_logps, rejected_logps, ref_chosen, ref_rejected, args.beta
+                )
                 # DDP/FSDP average gradients over processes; times world_size / batch_size makes the
                 # result the gradient of the mean loss over the global batch's pairs.
                 (losses.sum() * learners.world_size / args.batch_size).backward()
@@ -308,17 +346,23 @@ def train(args: DPOArgs, learners: distributed.Learners) -> bool:
         optimizer.zero_grad(set_to_none=True)
 
         # ---- log (and evaluate): means over the global batch's pairs
-        logger.add_tokens(sum(2 * len(examples[i]["prompt_ids"]) + len(examples[i]["chosen_ids"])
-                              + len(examples[i]["rejected_ids"]) for i in global_batch))
-        evaluate_now = bool(test_examples) and (step == args.max_steps or
-                                                (args.eval_every > 0 and step % args.eval_every == 0))
+        logger.add_tokens(
+            sum(
+                2 * len(examples[i]["prompt_ids"]) + len(examples[i]["chosen_ids"]) + len(examples[i]["rejected_ids"])
+                for i in global_batch
+            )
+        )
+        evaluate_now = bool(test_examples) and (
+            step == args.max_steps or (args.eval_every > 0 and step % args.eval_every == 0)
+        )
         if step % args.log_every == 0 or step == args.max_steps or evaluate_now:
             totals = distributed.reduce_sums(sums, learners)
             record = {name: total / args.batch_size for name, total in totals.items()}
             record.update(lr=scheduler.get_last_lr()[0], grad_norm=grad_norm, epoch=batch_order.epoch)
             if evaluate_now:
-                record.update(evaluate(model, reference, test_ref_table, test_examples, learners, args,
-                                       tokenizer.pad_token_id))
+                record.update(
+                    evaluate(model, reference, test_ref_table, test_examples, learners, args, tokenizer.pad_token_id)
+                )
             logger.log(step, record)
 
         # ---- checkpoints by steps/minutes; on SIGTERM save and stop (the restarted job resumes here)

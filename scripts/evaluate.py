@@ -33,9 +33,10 @@ log = logging.getLogger("evaluate")
 
 @dataclass
 class EvaluateArgs:
-    model_name_or_path: str = option("Qwen/Qwen2.5-0.5B-Instruct",
-                                     "hub id or local folder of the model; the 'model' channel (SM_CHANNEL_MODEL) "
-                                     "wins over it when given")
+    model_name_or_path: str = option(
+        "Qwen/Qwen2.5-0.5B-Instruct",
+        "hub id or local folder of the model; the 'model' channel (SM_CHANNEL_MODEL) wins over it when given",
+    )
     environment: str = option("gsm8k", "which data format and checker to use", choices=sorted(REGISTRY))
     max_new_tokens: int = option(512, "longest answer in tokens")
     batch_size: int = option(32, "prompts per generate call")
@@ -84,17 +85,18 @@ def evaluate(args: EvaluateArgs, learners, env) -> None:
     model = models.load_model(model_path, learners.device, trainable=False)
     examples = env.load(contract.channel_file("test", "test.jsonl"))
     if args.max_examples > 0:
-        examples = examples[:args.max_examples]
+        examples = examples[: args.max_examples]
     generator = generation.HFGenerator(model, tokenizer, learners, max_new_tokens=args.max_new_tokens)
 
     started = time.perf_counter()
     records = []
     for start in range(0, len(examples), args.batch_size):
-        batch = examples[start:start + args.batch_size]
+        batch = examples[start : start + args.batch_size]
         prompts = [generation.prompt_token_ids(tokenizer, env.prompt_messages(example)) for example in batch]
         _, completions = generator.generate(prompts, num_generations=1, greedy=True)
-        for offset, (example, completion, score) in enumerate(zip(batch, completions, env.score(batch, completions),
-                                                                   strict=True)):
+        for offset, (example, completion, score) in enumerate(
+            zip(batch, completions, env.score(batch, completions), strict=True)
+        ):
             # A code problem's tests can take megabytes: the record keeps the rest of the example.
             shown = {key: value for key, value in example.items() if key != "tests"}
             records.append({"index": start + offset, "example": shown, "completion": completion, **score})
@@ -104,18 +106,30 @@ def evaluate(args: EvaluateArgs, learners, env) -> None:
     # Accuracy is the environment's "correct" verdict; without one, a positive reward counts as right.
     accuracy = sum(bool(r["correct"]) if "correct" in r else float(r["reward"]) > 0 for r in records) / len(records)
     summary = {"step": 0, "accuracy": accuracy, "mean_reward": mean_reward, "n": len(records)}
-    print(metrics.format_metric_line(0, {"accuracy": accuracy, "mean_reward": mean_reward, "n": len(records)}),
-          flush=True)
-    result = {"model": model_path, "environment": args.environment, "accuracy": accuracy, "mean_reward": mean_reward,
-              "n": len(records), "max_new_tokens": args.max_new_tokens,
-              "seconds": round(time.perf_counter() - started, 2), "records": records}
+    print(
+        metrics.format_metric_line(0, {"accuracy": accuracy, "mean_reward": mean_reward, "n": len(records)}), flush=True
+    )
+    result = {
+        "model": model_path,
+        "environment": args.environment,
+        "accuracy": accuracy,
+        "mean_reward": mean_reward,
+        "n": len(records),
+        "max_new_tokens": args.max_new_tokens,
+        "seconds": round(time.perf_counter() - started, 2),
+        "records": records,
+    }
     for folder in (contract.output_data_dir(), contract.model_dir()):
         folder.mkdir(parents=True, exist_ok=True)
         (folder / "evaluation.json").write_text(json.dumps(result, indent=1, default=str))
     with open(contract.output_data_dir() / "metrics.jsonl", "a") as handle:
         handle.write(json.dumps(summary) + "\n")
-    log.info("accuracy %.4f on %d examples, written to %s", accuracy, len(records),
-             contract.output_data_dir() / "evaluation.json")
+    log.info(
+        "accuracy %.4f on %d examples, written to %s",
+        accuracy,
+        len(records),
+        contract.output_data_dir() / "evaluation.json",
+    )
 
 
 if __name__ == "__main__":

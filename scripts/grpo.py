@@ -50,22 +50,34 @@ class GRPOArgs(contract.TrainingArgs):
     max_steps: int = 200
     num_generations: int = option(8, "completions sampled per prompt (the group size G)")
     prompts_per_step: int = option(16, "prompts per step over all learners; must divide by the number of learners")
-    micro_batch_size: int = option(8, "completions per forward/backward pass on one learner; the step's completions "
-                                      "are accumulated in micro-batches of this size")
+    micro_batch_size: int = option(
+        8,
+        "completions per forward/backward pass on one learner; the step's completions "
+        "are accumulated in micro-batches of this size",
+    )
     max_new_tokens: int = option(256, "longest completion in tokens; also the constant of --loss_type dr_grpo")
     temperature: float = option(1.0, "sampling temperature")
-    num_iterations: int = option(1, "optimizer updates per batch of rollouts (the mu of the GRPO paper); old "
-                                    "log-probs are computed once per batch")
+    num_iterations: int = option(
+        1,
+        "optimizer updates per batch of rollouts (the mu of the GRPO paper); old log-probs are computed once per batch",
+    )
     epsilon: float = option(0.2, "clip the policy ratio below at 1 - epsilon")
-    epsilon_high: float | None = option(None, "clip the policy ratio above at 1 + epsilon_high (DAPO's clip-higher "
-                                              "suggests 0.28); default: same as --epsilon")
-    beta: float = option(0.0, "weight of the KL penalty to the frozen starting model (k3 estimator); 0 = no "
-                              "reference model is loaded")
+    epsilon_high: float | None = option(
+        None,
+        "clip the policy ratio above at 1 + epsilon_high (DAPO's clip-higher "
+        "suggests 0.28); default: same as --epsilon",
+    )
+    beta: float = option(
+        0.0, "weight of the KL penalty to the frozen starting model (k3 estimator); 0 = no reference model is loaded"
+    )
     loss_type: Literal["grpo", "dr_grpo", "dapo"] = option(
-        "dapo", "how token losses are averaged: grpo = per sequence, then over sequences; dr_grpo = sum / "
-                "(sequences x --max_new_tokens); dapo = over all tokens of the step")
-    scale_rewards: Literal["group", "none"] = option("group", "group: divide advantages by the group's reward std; "
-                                                              "none: only subtract the group mean (Dr. GRPO)")
+        "dapo",
+        "how token losses are averaged: grpo = per sequence, then over sequences; dr_grpo = sum / "
+        "(sequences x --max_new_tokens); dapo = over all tokens of the step",
+    )
+    scale_rewards: Literal["group", "none"] = option(
+        "group", "group: divide advantages by the group's reward std; none: only subtract the group mean (Dr. GRPO)"
+    )
     format_reward_weight: float = option(0.0, "weight of the environment's format reward added to the reward")
     lr_scheduler: Literal["cosine", "constant"] = option("constant", "learning-rate schedule after warm-up")
     warmup_steps: int = option(0, "steps of linear warm-up")
@@ -77,18 +89,25 @@ class GRPOArgs(contract.TrainingArgs):
         super().validate(world_size)
         contract.require_at_least_one(self, "prompts_per_step", "max_new_tokens", "num_iterations", "micro_batch_size")
         if self.num_generations < 2:
-            raise UserError(f"--num_generations {self.num_generations}: GRPO needs at least 2 completions per prompt "
-                            "(the group is the baseline).")
+            raise UserError(
+                f"--num_generations {self.num_generations}: GRPO needs at least 2 completions per prompt "
+                "(the group is the baseline)."
+            )
         if self.prompts_per_step % world_size:
-            raise UserError(f"--prompts_per_step {self.prompts_per_step} must be a multiple of the number of learners "
-                            f"({world_size}).")
+            raise UserError(
+                f"--prompts_per_step {self.prompts_per_step} must be a multiple of the number of learners "
+                f"({world_size})."
+            )
         completions = self.prompts_per_step // world_size * self.num_generations
         if completions % self.micro_batch_size:
-            raise UserError(f"--micro_batch_size {self.micro_batch_size} must divide the completions per learner and "
-                            f"step (--prompts_per_step / learners x --num_generations = {completions}).")
+            raise UserError(
+                f"--micro_batch_size {self.micro_batch_size} must divide the completions per learner and "
+                f"step (--prompts_per_step / learners x --num_generations = {completions})."
+            )
         if self.temperature <= 0:
-            raise UserError(f"--temperature must be positive, got {self.temperature} (sampling is needed for "
-                            "exploration).")
+            raise UserError(
+                f"--temperature must be positive, got {self.temperature} (sampling is needed for exploration)."
+            )
 
 
 def parse_args(argv: list[str] | None = None) -> GRPOArgs:
@@ -111,15 +130,17 @@ def group_advantages(rewards: torch.Tensor, num_generations: int, scale_rewards:
     return advantages.reshape(-1)
 
 
-def completion_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, num_completion_tokens: int,
-                        temperature: float) -> torch.Tensor:
+def completion_logprobs(
+    model, input_ids: torch.Tensor, attention_mask: torch.Tensor, num_completion_tokens: int, temperature: float
+) -> torch.Tensor:
     """log p(token) of the last ``num_completion_tokens`` tokens of each row, at the sampling temperature.
 
     Only the logits of the completion positions are computed (``logits_to_keep``); log-softmax goes
     row by row in fp32 so a (tokens x vocabulary) fp32 copy exists for one sequence at a time.
     """
-    logits = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False,
-                   logits_to_keep=num_completion_tokens + 1).logits
+    logits = model(
+        input_ids=input_ids, attention_mask=attention_mask, use_cache=False, logits_to_keep=num_completion_tokens + 1
+    ).logits
     logits = logits[:, :-1]  # the logit at position t predicts token t + 1
     targets = input_ids[:, -num_completion_tokens:]
     rows = []
@@ -130,9 +151,21 @@ def completion_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Te
     return torch.stack(rows)
 
 
-def grpo_loss(logprobs, old_logprobs, ref_logprobs, advantages, mask, *, loss_type: str, epsilon: float,
-              epsilon_high: float, beta: float, max_new_tokens: int, num_micro_batches: int,
-              tokens_per_learner: float) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+def grpo_loss(
+    logprobs,
+    old_logprobs,
+    ref_logprobs,
+    advantages,
+    mask,
+    *,
+    loss_type: str,
+    epsilon: float,
+    epsilon_high: float,
+    beta: float,
+    max_new_tokens: int,
+    num_micro_batches: int,
+    tokens_per_learner: float,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """The loss of one micro-batch, scaled so that summing it over the micro-batches of an update
     gives the update's loss. Shapes: (sequences, tokens) except ``advantages`` (sequences,).
 
@@ -167,8 +200,10 @@ def grpo_loss(logprobs, old_logprobs, ref_logprobs, advantages, mask, *, loss_ty
 
     with torch.no_grad():  # for the metric lines: token sums, averaged over the step later
         clipped = ((ratio < 1 - epsilon) & (advantages < 0)) | ((ratio > 1 + epsilon_high) & (advantages > 0))
-        stats = {"clipped_tokens": (clipped.float() * mask).sum(),
-                 "kl_sum": (kl * mask).sum() if kl is not None else torch.zeros(())}
+        stats = {
+            "clipped_tokens": (clipped.float() * mask).sum(),
+            "kl_sum": (kl * mask).sum() if kl is not None else torch.zeros(()),
+        }
     return loss, stats
 
 
@@ -218,26 +253,37 @@ def train(args: GRPOArgs, env: Environment, learners: distributed.Learners) -> b
     prompts_per_learner = args.prompts_per_step // learners.world_size
 
     # ---- resume after a spot interruption: weights, optimizer, schedule, RNG and data position
-    checkpointer = checkpoints.Checkpointer(args.checkpoint_dir or contract.default_checkpoint_dir(), learners,
-                                            keep=args.keep_checkpoints, background=args.checkpoint_in_background)
+    checkpointer = checkpoints.Checkpointer(
+        args.checkpoint_dir or contract.default_checkpoint_dir(),
+        learners,
+        keep=args.keep_checkpoints,
+        background=args.checkpoint_in_background,
+    )
     resumed = checkpointer.load_latest(model, optimizer, scheduler)
     start_step = 0
     if resumed is not None:
         start_step = resumed["step"]
         batch_order.load_state_dict(resumed["extra"]["batch_order"])
     # Sampling runs on the policy itself, so every update is in the next step's rollouts.
-    generator = generation.HFGenerator(policy, tokenizer, learners, max_new_tokens=args.max_new_tokens,
-                                       temperature=args.temperature)
+    generator = generation.HFGenerator(
+        policy, tokenizer, learners, max_new_tokens=args.max_new_tokens, temperature=args.temperature
+    )
     logger = metrics.MetricLogger(contract.output_data_dir() / "metrics.jsonl", learners, args.max_steps, start_step)
     sigterm = checkpoints.SigtermFlag()
     checkpoint_schedule = checkpoints.CheckpointSchedule(args.checkpoint_every, args.checkpoint_every_minutes)
-    log.info("GRPO: %d examples, %d prompts x %d completions per step, %d learner(s), steps %d..%d",
-             len(examples), args.prompts_per_step, args.num_generations, learners.world_size, start_step + 1,
-             args.max_steps)
+    log.info(
+        "GRPO: %d examples, %d prompts x %d completions per step, %d learner(s), steps %d..%d",
+        len(examples),
+        args.prompts_per_step,
+        args.num_generations,
+        learners.world_size,
+        start_step + 1,
+        args.max_steps,
+    )
 
     for step in range(start_step + 1, args.max_steps + 1):
         # ---- 1. this learner's prompts
-        indices = batch_order.next()[learners.rank * prompts_per_learner:(learners.rank + 1) * prompts_per_learner]
+        indices = batch_order.next()[learners.rank * prompts_per_learner : (learners.rank + 1) * prompts_per_learner]
 
         # ---- 2. a group of completions per prompt
         started = time.perf_counter()
@@ -249,10 +295,15 @@ def train(args: GRPOArgs, env: Environment, learners: distributed.Learners) -> b
         group_examples = [examples[i] for i in indices for _ in range(args.num_generations)]
         scores = env.score(group_examples, completion_texts)
         if len(scores) != len(completion_texts):
-            raise RuntimeError(f"{type(env).__name__}.score returned {len(scores)} scores for "
-                               f"{len(completion_texts)} completions; it must return one per completion.")
-        rewards = torch.tensor([s["reward"] + args.format_reward_weight * s.get("format_reward", 0.0)
-                                for s in scores], dtype=torch.float32, device=learners.device)
+            raise RuntimeError(
+                f"{type(env).__name__}.score returned {len(scores)} scores for "
+                f"{len(completion_texts)} completions; it must return one per completion."
+            )
+        rewards = torch.tensor(
+            [s["reward"] + args.format_reward_weight * s.get("format_reward", 0.0) for s in scores],
+            dtype=torch.float32,
+            device=learners.device,
+        )
         reward_time = time.perf_counter() - started
 
         # ---- 4. group-relative advantages (a group never spans learners)
@@ -262,13 +313,16 @@ def train(args: GRPOArgs, env: Environment, learners: distributed.Learners) -> b
         started = time.perf_counter()
         prompt_rows = [prompts[i] for i in indices for _ in range(args.num_generations)]
         prompt_ids, prompt_mask = data.pad_rows(prompt_rows, tokenizer.pad_token_id, left=True, device=learners.device)
-        completion_tensor, completion_mask = data.pad_rows(completion_ids, tokenizer.pad_token_id, left=False,
-                                                      device=learners.device)
+        completion_tensor, completion_mask = data.pad_rows(
+            completion_ids, tokenizer.pad_token_id, left=False, device=learners.device
+        )
         input_ids = torch.cat([prompt_ids, completion_tensor], dim=1)
         attention_mask = torch.cat([prompt_mask, completion_mask], dim=1)
         mask = completion_mask.float()
         num_tokens = completion_tensor.size(1)
-        micro_batches = [slice(i, i + args.micro_batch_size) for i in range(0, len(completion_ids), args.micro_batch_size)]
+        micro_batches = [
+            slice(i, i + args.micro_batch_size) for i in range(0, len(completion_ids), args.micro_batch_size)
+        ]
         # dapo divides by the update's token count over all learners (gradients are then averaged over them)
         tokens_per_learner = float(distributed.all_reduce_sum(mask.sum(), learners)) / learners.world_size
 
@@ -277,11 +331,19 @@ def train(args: GRPOArgs, env: Environment, learners: distributed.Learners) -> b
         old_logprobs = ref_logprobs = None
         with torch.no_grad(), distributed.autocast(learners):
             if args.num_iterations > 1:
-                old_logprobs = torch.cat([completion_logprobs(model, input_ids[mb], attention_mask[mb], num_tokens,
-                                                              args.temperature) for mb in micro_batches])
+                old_logprobs = torch.cat(
+                    [
+                        completion_logprobs(model, input_ids[mb], attention_mask[mb], num_tokens, args.temperature)
+                        for mb in micro_batches
+                    ]
+                )
             if reference is not None:
-                ref_logprobs = torch.cat([completion_logprobs(reference, input_ids[mb], attention_mask[mb], num_tokens,
-                                                              args.temperature) for mb in micro_batches])
+                ref_logprobs = torch.cat(
+                    [
+                        completion_logprobs(reference, input_ids[mb], attention_mask[mb], num_tokens, args.temperature)
+                        for mb in micro_batches
+                    ]
+                )
 
         loss_sum = clipped_tokens = kl_sum = grad_norm_sum = 0.0
         for _ in range(args.num_iterations):
@@ -289,15 +351,25 @@ def train(args: GRPOArgs, env: Environment, learners: distributed.Learners) -> b
                 last = index == len(micro_batches) - 1
                 with distributed.gradient_sync(model, enabled=last):  # gradients are averaged on the last one
                     with distributed.autocast(learners):
-                        logprobs = completion_logprobs(model, input_ids[mb], attention_mask[mb], num_tokens,
-                                                       args.temperature)
+                        logprobs = completion_logprobs(
+                            model, input_ids[mb], attention_mask[mb], num_tokens, args.temperature
+                        )
                     # With one update per batch the old policy is the current one: ratio = 1, gradient unchanged.
                     old = logprobs.detach() if old_logprobs is None else old_logprobs[mb]
                     loss, stats = grpo_loss(
-                        logprobs, old, None if ref_logprobs is None else ref_logprobs[mb], advantages[mb], mask[mb],
-                        loss_type=args.loss_type, epsilon=args.epsilon, epsilon_high=epsilon_high, beta=args.beta,
-                        max_new_tokens=args.max_new_tokens, num_micro_batches=len(micro_batches),
-                        tokens_per_learner=tokens_per_learner)
+                        logprobs,
+                        old,
+                        None if ref_logprobs is None else ref_logprobs[mb],
+                        advantages[mb],
+                        mask[mb],
+                        loss_type=args.loss_type,
+                        epsilon=args.epsilon,
+                        epsilon_high=epsilon_high,
+                        beta=args.beta,
+                        max_new_tokens=args.max_new_tokens,
+                        num_micro_batches=len(micro_batches),
+                        tokens_per_learner=tokens_per_learner,
+                    )
                     loss.backward()
                 loss_sum += loss.item()
                 clipped_tokens += stats["clipped_tokens"].item()
@@ -311,31 +383,36 @@ def train(args: GRPOArgs, env: Environment, learners: distributed.Learners) -> b
         # ---- 6. metrics: sums over the learners, then means
         correct = [float(s["correct"]) for s in scores if "correct" in s]
         formats = [float(s["format_reward"]) for s in scores if "format_reward" in s]
-        totals = distributed.reduce_sums({
-            "completions": len(scores),
-            "reward": rewards.sum(),
-            "reward_squares": (rewards ** 2).sum(),
-            "judged": len(correct),
-            "correct": sum(correct),
-            "formatted": len(formats),
-            "format_reward": sum(formats),
-            "tokens": mask.sum(),
-            "sequence_tokens": attention_mask.sum(),
-            "groups": len(indices),
-            "zero_std_groups": (rewards.view(-1, args.num_generations).std(dim=1) == 0).sum(),
-            "loss": loss_sum / args.num_iterations,
-            "clipped_tokens": clipped_tokens,
-            "kl": kl_sum,
-            "grad_norm": grad_norm_sum / args.num_iterations,
-            "gen_time": gen_time,
-            "reward_time": reward_time,
-            "train_time": train_time,
-        }, learners)
+        totals = distributed.reduce_sums(
+            {
+                "completions": len(scores),
+                "reward": rewards.sum(),
+                "reward_squares": (rewards**2).sum(),
+                "judged": len(correct),
+                "correct": sum(correct),
+                "formatted": len(formats),
+                "format_reward": sum(formats),
+                "tokens": mask.sum(),
+                "sequence_tokens": attention_mask.sum(),
+                "groups": len(indices),
+                "zero_std_groups": (rewards.view(-1, args.num_generations).std(dim=1) == 0).sum(),
+                "loss": loss_sum / args.num_iterations,
+                "clipped_tokens": clipped_tokens,
+                "kl": kl_sum,
+                "grad_norm": grad_norm_sum / args.num_iterations,
+                "gen_time": gen_time,
+                "reward_time": reward_time,
+                "train_time": train_time,
+            },
+            learners,
+        )
         n = totals["completions"]
         updated_tokens = totals["tokens"] * args.num_iterations
         reward_mean = totals["reward"] / n
-        line = {"reward": reward_mean,
-                "reward_std": math.sqrt(max(totals["reward_squares"] / n - reward_mean ** 2, 0.0) * n / max(n - 1, 1))}
+        line = {
+            "reward": reward_mean,
+            "reward_std": math.sqrt(max(totals["reward_squares"] / n - reward_mean**2, 0.0) * n / max(n - 1, 1)),
+        }
         if totals["judged"]:
             line["accuracy"] = totals["correct"] / totals["judged"]
         if totals["formatted"]:
@@ -354,8 +431,10 @@ def train(args: GRPOArgs, env: Environment, learners: distributed.Learners) -> b
         # The environment's own metrics (the code judge's verdict rates, ...) join the same record.
         env_line = environment_metrics(env, learners)
         if env_line.keys() & line.keys():
-            raise RuntimeError(f"{type(env).__name__}.step_metrics returned {sorted(env_line.keys() & line.keys())}, "
-                               "names the loop already logs; give them names of their own.")
+            raise RuntimeError(
+                f"{type(env).__name__}.step_metrics returned {sorted(env_line.keys() & line.keys())}, "
+                "names the loop already logs; give them names of their own."
+            )
         line.update(env_line)
         logger.add_tokens(totals["sequence_tokens"])
         if step % args.log_every == 0 or step == args.max_steps:

@@ -64,14 +64,16 @@ class SFTArgs(contract.TrainingArgs):
     learning_rate: float = 2e-5  # the common options' defaults for SFT (their help is TrainingArgs')
     max_steps: int = 100
     batch_size: int = option(16, "conversations per optimizer step, over all processes")
-    per_device_batch_size: int = option(4, "conversations per forward pass on one process; the rest is gradient "
-                                           "accumulation")
+    per_device_batch_size: int = option(
+        4, "conversations per forward pass on one process; the rest is gradient accumulation"
+    )
     max_length: int = option(2048, "truncate conversations to this many tokens")
     warmup_steps: int = option(10, "linear warm-up steps")
     weight_decay: float = option(0.0, "AdamW weight decay on matrices (not on biases and norms)")
     max_grad_norm: float = option(1.0, "clip the gradients' global norm; 0 = no clipping")
-    gradient_checkpointing: bool = option(False, "recompute activations in the backward pass to save memory; "
-                                                 "always on with --strategy fsdp")
+    gradient_checkpointing: bool = option(
+        False, "recompute activations in the backward pass to save memory; always on with --strategy fsdp"
+    )
     eval_every: int = option(0, "with a 'test' channel: eval_loss every N steps; 0 = at the end only")
     lora_r: int = option(0, "LoRA rank; 0 trains all weights")
     lora_alpha: int = option(32, "LoRA scaling numerator")
@@ -82,7 +84,9 @@ class SFTArgs(contract.TrainingArgs):
         super().validate(world_size)
         contract.require_at_least_one(self, "batch_size", "per_device_batch_size", "max_length")
         if self.lora_r and self.strategy == "fsdp":
-            raise UserError("--lora_r with --strategy fsdp is not supported: LoRA keeps memory small, use --strategy ddp.")
+            raise UserError(
+                "--lora_r with --strategy fsdp is not supported: LoRA keeps memory small, use --strategy ddp."
+            )
         contract.require_whole_micro_batches(self, world_size)
 
 
@@ -125,24 +129,33 @@ def tokenize_conversation(tokenizer, messages: list[dict], max_length: int) -> d
         if message["role"] != "assistant":
             continue
         before = render(tokenizer, messages[:index], add_generation_prompt=True)
-        through = render(tokenizer, messages[:index + 1]).rstrip()
+        through = render(tokenizer, messages[: index + 1]).rstrip()
         if not (text.startswith(before) and text.startswith(through)):
-            raise UserError("The tokenizer's chat template renders earlier turns differently once later turns "
-                            "follow, so assistant tokens cannot be located; use a model whose template does not.")
+            raise UserError(
+                "The tokenizer's chat template renders earlier turns differently once later turns "
+                "follow, so assistant tokens cannot be located; use a model whose template does not."
+            )
         spans.append((len(before), len(through)))
-    encoded = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True,
-                        truncation=True, max_length=max_length)
+    encoded = tokenizer(
+        text, add_special_tokens=False, return_offsets_mapping=True, truncation=True, max_length=max_length
+    )
     input_ids = encoded["input_ids"]
-    labels = [token if any(start <= begin < end for start, end in spans) else IGNORE_INDEX
-              for token, (begin, _) in zip(input_ids, encoded["offset_mapping"], strict=True)]
-    return {"input_ids": input_ids, "labels": labels,
-            "num_targets": sum(1 for label in labels[1:] if label != IGNORE_INDEX)}
+    labels = [
+        token if any(start <= begin < end for start, end in spans) else IGNORE_INDEX
+        for token, (begin, _) in zip(input_ids, encoded["offset_mapping"], strict=True)
+    ]
+    return {
+        "input_ids": input_ids,
+        "labels": labels,
+        "num_targets": sum(1 for label in labels[1:] if label != IGNORE_INDEX),
+    }
 
 
 def collate(examples: list[dict], pad_token_id: int, device: torch.device) -> dict[str, torch.Tensor]:
     """Right-pad a micro-batch; padding is masked out of attention and loss."""
-    input_ids, attention_mask = data.pad_rows([e["input_ids"] for e in examples], pad_token_id, left=False,
-                                              device=device)
+    input_ids, attention_mask = data.pad_rows(
+        [e["input_ids"] for e in examples], pad_token_id, left=False, device=device
+    )
     labels, _ = data.pad_rows([e["labels"] for e in examples], IGNORE_INDEX, left=False, device=device)
     return {"input_ids": input_ids, "attention_mask": attention_mask, "labels": labels}
 
@@ -152,8 +165,12 @@ def token_loss_sum(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Te
     Position t predicts token t+1, so logits drop the last position and labels the first."""
     shifted_logits = logits[:, :-1, :].float()
     shifted_labels = labels[:, 1:]
-    loss_sum = F.cross_entropy(shifted_logits.reshape(-1, shifted_logits.size(-1)), shifted_labels.reshape(-1),
-                               ignore_index=IGNORE_INDEX, reduction="sum")
+    loss_sum = F.cross_entropy(
+        shifted_logits.reshape(-1, shifted_logits.size(-1)),
+        shifted_labels.reshape(-1),
+        ignore_index=IGNORE_INDEX,
+        reduction="sum",
+    )
     return loss_sum, (shifted_labels != IGNORE_INDEX).sum()
 
 
@@ -183,10 +200,18 @@ def build_model(args: SFTArgs, model_path: str, learners: distributed.Learners):
         from peft import LoraConfig, get_peft_model
 
         base = models.load_model(model_path, learners.device, trainable=False)
-        targets = args.lora_target_modules if args.lora_target_modules == "all-linear" \
+        targets = (
+            args.lora_target_modules
+            if args.lora_target_modules == "all-linear"
             else [name.strip() for name in args.lora_target_modules.split(",")]
-        config = LoraConfig(r=args.lora_r, lora_alpha=args.lora_alpha, lora_dropout=args.lora_dropout,
-                            target_modules=targets, task_type="CAUSAL_LM")
+        )
+        config = LoraConfig(
+            r=args.lora_r,
+            lora_alpha=args.lora_alpha,
+            lora_dropout=args.lora_dropout,
+            target_modules=targets,
+            task_type="CAUSAL_LM",
+        )
         model = get_peft_model(base, config)
     else:
         model = models.load_model(model_path, models.load_device(learners, args.strategy))
@@ -211,8 +236,12 @@ def train(args: SFTArgs, learners: distributed.Learners) -> bool:
     train_file = contract.channel_file("train", "train.jsonl")
     rows = data.read_jsonl(train_file, ["messages"], check=check_conversation)
     examples = [tokenize_conversation(tokenizer, row["messages"], args.max_length) for row in rows]
-    log.info("%d conversations from %s, %d assistant tokens", len(examples), train_file,
-             sum(e["num_targets"] for e in examples))
+    log.info(
+        "%d conversations from %s, %d assistant tokens",
+        len(examples),
+        train_file,
+        sum(e["num_targets"] for e in examples),
+    )
     test_examples = []
     if contract.has_channel("test"):
         test_rows = data.read_jsonl(contract.channel_file("test", "test.jsonl"), ["messages"], check=check_conversation)
@@ -226,20 +255,32 @@ def train(args: SFTArgs, learners: distributed.Learners) -> bool:
 
     # ---- resume after a spot interruption or a restart, from the newest whole checkpoint
     checkpoint_dir = args.checkpoint_dir or contract.default_checkpoint_dir()
-    checkpointer = checkpoints.Checkpointer(checkpoint_dir, learners, keep=args.keep_checkpoints,
-                                            trainable_only=args.lora_r > 0, background=args.checkpoint_in_background)
+    checkpointer = checkpoints.Checkpointer(
+        checkpoint_dir,
+        learners,
+        keep=args.keep_checkpoints,
+        trainable_only=args.lora_r > 0,
+        background=args.checkpoint_in_background,
+    )
     resumed = checkpointer.load_latest(model, optimizer, scheduler)
     start_step = 0
     if resumed is not None:
         start_step = resumed["step"]
         batch_order.load_state_dict(resumed["extra"]["batch_order"])
-    logger = metrics.MetricLogger(contract.output_data_dir() / "metrics.jsonl", learners, args.max_steps,
-                                  resume_step=start_step)
+    logger = metrics.MetricLogger(
+        contract.output_data_dir() / "metrics.jsonl", learners, args.max_steps, resume_step=start_step
+    )
     sigterm = checkpoints.SigtermFlag()
     checkpoint_schedule = checkpoints.CheckpointSchedule(args.checkpoint_every, args.checkpoint_every_minutes)
-    log.info("training steps %d..%d: %d conversations a step, %d micro-batches of %d on each of %d processes",
-             start_step + 1, args.max_steps, args.batch_size, accumulation_steps, args.per_device_batch_size,
-             learners.world_size)
+    log.info(
+        "training steps %d..%d: %d conversations a step, %d micro-batches of %d on each of %d processes",
+        start_step + 1,
+        args.max_steps,
+        args.batch_size,
+        accumulation_steps,
+        args.per_device_batch_size,
+        learners.world_size,
+    )
 
     for step in range(start_step + 1, args.max_steps + 1):
         # ---- the global batch, longest first so micro-batches hold similar lengths (less padding)
@@ -269,15 +310,22 @@ def train(args: SFTArgs, learners: distributed.Learners) -> bool:
 
         # ---- log (and evaluate)
         logger.add_tokens(sum(len(examples[i]["input_ids"]) for i in global_batch))
-        evaluate_now = bool(test_examples) and (step == args.max_steps or
-                                                (args.eval_every > 0 and step % args.eval_every == 0))
+        evaluate_now = bool(test_examples) and (
+            step == args.max_steps or (args.eval_every > 0 and step % args.eval_every == 0)
+        )
         if step % args.log_every == 0 or step == args.max_steps or evaluate_now:
             loss = distributed.all_reduce_sum(local_loss_sum, learners).item() / num_targets
-            record = {"loss": loss, "lr": scheduler.get_last_lr()[0], "grad_norm": grad_norm,
-                      "tokens": num_targets, "epoch": batch_order.epoch}
+            record = {
+                "loss": loss,
+                "lr": scheduler.get_last_lr()[0],
+                "grad_norm": grad_norm,
+                "tokens": num_targets,
+                "epoch": batch_order.epoch,
+            }
             if evaluate_now:
-                record["eval_loss"] = evaluate(model, test_examples, learners, args.per_device_batch_size,
-                                               tokenizer.pad_token_id)
+                record["eval_loss"] = evaluate(
+                    model, test_examples, learners, args.per_device_batch_size, tokenizer.pad_token_id
+                )
             logger.log(step, record)
 
         # ---- checkpoints by steps/minutes; on SIGTERM save and stop (the restarted job resumes here)

@@ -70,8 +70,11 @@ def main() -> None:
     parser.add_argument("--learning-rate", type=float, default=1e-3)
     parser.add_argument("--format-reward-weight", type=float, default=0.5)
     parser.add_argument("--loss-fn", default="importance_sampling", choices=["importance_sampling", "ppo"])
-    parser.add_argument("--problems", default=None,
-                        help="a JSON Lines file of problems (code_contests, APPS...); default: the project's easy ones")
+    parser.add_argument(
+        "--problems",
+        default=None,
+        help="a JSON Lines file of problems (code_contests, APPS...); default: the project's easy ones",
+    )
     parser.add_argument("--judge-workers", type=int, default=2)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
@@ -81,16 +84,30 @@ def main() -> None:
     if run_mode == "local" and base_model == common.LOCAL_BASE_MODEL:
         base_model = common.local_warm_start_model("code")
     base_model = common.choose_base_model(service, base_model)
-    with code_environment(args.judge_workers) as env, \
-            common.training_session(service, base_model, args.rank, args.alpha) as training_client:
+    with (
+        code_environment(args.judge_workers) as env,
+        common.training_session(service, base_model, args.rank, args.alpha) as training_client,
+    ):
         tokenizer = training_client.get_tokenizer()
         problems = staged_problems(args.problems) if args.problems else offline_problems(256, seed=args.seed)
-        history = grpo.train(training_client, tokenizer, env, problems, args.steps,
-                             args.problems_per_step, args.group_size, args.learning_rate, loss_fn=args.loss_fn,
-                             format_reward_weight=args.format_reward_weight,
-                             overlap=True, seed=args.seed)
-        print(f"no_code_rate {history[0]['no_code_rate']:.3f} -> {history[-1]['no_code_rate']:.3f}; "
-              f"pass_rate {history[0]['pass_rate']:.3f} -> {history[-1]['pass_rate']:.3f}")
+        history = grpo.train(
+            training_client,
+            tokenizer,
+            env,
+            problems,
+            args.steps,
+            args.problems_per_step,
+            args.group_size,
+            args.learning_rate,
+            loss_fn=args.loss_fn,
+            format_reward_weight=args.format_reward_weight,
+            overlap=True,
+            seed=args.seed,
+        )
+        print(
+            f"no_code_rate {history[0]['no_code_rate']:.3f} -> {history[-1]['no_code_rate']:.3f}; "
+            f"pass_rate {history[0]['pass_rate']:.3f} -> {history[-1]['pass_rate']:.3f}"
+        )
         print("billable tokens:", common.billable_tokens(training_client.training_session_name))
 
 

@@ -32,8 +32,9 @@ PRICE_PER_MILLION = {"prefill": 0.10, "sample": 0.30, "training": 0.60}
 
 # --------------------------------------------------------------------------- connecting
 
+
 def resolve_run_mode(run_mode: str) -> str:
-    """"auto" is "sagemaker" when AWS credentials are found, otherwise "local" (saying so)."""
+    """run_mode "auto" is "sagemaker" when AWS credentials are found, otherwise "local" (saying so)."""
     if run_mode not in ("auto", "local", "sagemaker"):
         raise ValueError(f"run_mode must be 'auto', 'local' or 'sagemaker', got {run_mode!r}.")
     if run_mode != "auto":
@@ -41,7 +42,9 @@ def resolve_run_mode(run_mode: str) -> str:
     import boto3
 
     found = boto3.Session().get_credentials() is not None
-    print(f"run_mode='auto': {'AWS credentials found, using SageMaker' if found else 'no AWS credentials, using local mode'}.")
+    print(
+        f"run_mode='auto': {'AWS credentials found, using SageMaker' if found else 'no AWS credentials, using local mode'}."
+    )
     return "sagemaker" if found else "local"
 
 
@@ -49,13 +52,17 @@ def start_local_endpoint(root: str | os.PathLike | None = None) -> dict[str, str
     """Start the local training-session endpoint (a process of the main environment, which has torch)
     and point this process's SDK and boto3 at it. Returns the variables it set."""
     python = os.environ.get("MAIN_ENV_PYTHON") or str(REPO / ".venv" / "bin" / "python")
-    code = ("import json; from helpers.local_mode import sessions; "
-            f"print(json.dumps(sessions.start_service({str(root) if root else None!r}).client_environment()))")
+    code = (
+        "import json; from helpers.local_mode import sessions; "
+        f"print(json.dumps(sessions.start_service({str(root) if root else None!r}).client_environment()))"
+    )
     done = subprocess.run([python, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=300)
     if done.returncode != 0:
-        raise RuntimeError(f"Local mode could not start the training-session endpoint with {python}:\n"
-                           f"{done.stderr[-2000:]}\nBuild the main environment first (README: make .venv/.stamp), "
-                           "or set MAIN_ENV_PYTHON to its python.")
+        raise RuntimeError(
+            f"Local mode could not start the training-session endpoint with {python}:\n"
+            f"{done.stderr[-2000:]}\nBuild the main environment first (README: make .venv/.stamp), "
+            "or set MAIN_ENV_PYTHON to its python."
+        )
     environment = json.loads(done.stdout.strip().splitlines()[-1])
     os.environ.update(environment)
     return environment
@@ -69,8 +76,13 @@ def local_warm_start_model(task: str = "gsm8k") -> str:
     program for "code"), registered with the local endpoint (built once per machine by
     ``local_warm_start.py`` in the main environment, which has torch)."""
     python = os.environ.get("MAIN_ENV_PYTHON") or str(REPO / ".venv" / "bin" / "python")
-    done = subprocess.run([python, "-m", "session_loops.local_warm_start", "--task", task], cwd=REPO,
-                          capture_output=True, text=True, timeout=900)
+    done = subprocess.run(
+        [python, "-m", "session_loops.local_warm_start", "--task", task],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     if done.returncode != 0:
         raise RuntimeError(f"Building the local warm-start model failed:\n{done.stderr[-2000:]}")
     return json.loads(done.stdout.strip().splitlines()[-1])["base_model"]
@@ -84,8 +96,10 @@ def connect(run_mode: str, region: str | None, role: str | None, **service_optio
         start_local_endpoint()
         region, role = region or "us-east-1", role or LOCAL_ROLE
     elif role is None:
-        raise ValueError("Set role to the ARN of an IAM role that SageMaker training sessions may assume "
-                         "(your Studio execution role works: it is shown in the Studio domain's settings).")
+        raise ValueError(
+            "Set role to the ARN of an IAM role that SageMaker training sessions may assume "
+            "(your Studio execution role works: it is shown in the Studio domain's settings)."
+        )
     from sagemaker.train.training_session import ServiceClient
 
     return ServiceClient(region=region, role_arn=role, **service_options), run_mode
@@ -96,16 +110,22 @@ def explain(error: Exception) -> Exception:
     code = getattr(error, "response", {}).get("Error", {}).get("Code", "")
     message = str(error)
     if code in ("AccessDeniedException", "AccessDenied") or "not authorized" in message:
-        return RuntimeError("SageMaker refused the training-session call: the role (or your identity) lacks "
-                            "sagemaker:CreateTrainingSession / the runtime's permissions, or training sessions are "
-                            f"not available in this account and Region. Original error: {message}")
+        return RuntimeError(
+            "SageMaker refused the training-session call: the role (or your identity) lacks "
+            "sagemaker:CreateTrainingSession / the runtime's permissions, or training sessions are "
+            f"not available in this account and Region. Original error: {message}"
+        )
     if code in ("UnknownOperationException", "InvalidAction") or "Could not connect" in message:
-        return RuntimeError("This Region does not answer the training-session API: choose a Region where "
-                            f"SageMaker training sessions are offered. Original error: {message}")
+        return RuntimeError(
+            "This Region does not answer the training-session API: choose a Region where "
+            f"SageMaker training sessions are offered. Original error: {message}"
+        )
     if code in ("ResourceLimitExceeded", "ThrottlingException", "ServiceQuotaExceededException"):
-        return RuntimeError("A training-session quota is reached (concurrent sessions or tokens): stop idle "
-                            "sessions (ServiceClient.list_sessions / stop_session) or request a quota increase "
-                            f"in Service Quotas. Original error: {message}")
+        return RuntimeError(
+            "A training-session quota is reached (concurrent sessions or tokens): stop idle "
+            "sessions (ServiceClient.list_sessions / stop_session) or request a quota increase "
+            f"in Service Quotas. Original error: {message}"
+        )
     return error
 
 
@@ -130,8 +150,10 @@ def choose_base_model(service, base_model: str) -> str:
     except Exception as error:  # the first call that reaches the service: make its failure teach
         raise explain(error) from error
     if base_model not in offered:
-        raise ValueError(f"Base model {base_model!r} is not offered here. list_base_models() gives: "
-                         f"{', '.join(offered) or 'nothing'}. Set base_model to one of them.")
+        raise ValueError(
+            f"Base model {base_model!r} is not offered here. list_base_models() gives: "
+            f"{', '.join(offered) or 'nothing'}. Set base_model to one of them."
+        )
     return base_model
 
 
@@ -166,6 +188,7 @@ def open_session(service, base_model: str, rank: int, alpha: int, **options):
 def stop_at_exit(sagemaker_client, training_session_name: str) -> None:
     """The raw API's ``open_session``: stop the session when the kernel exits, in case the last cell
     does not run (a cell failed). Stopping a session already stopped or deleted is a no-op here."""
+
     def stop():
         with contextlib.suppress(Exception):
             sagemaker_client.stop_training_session(TrainingSessionName=training_session_name)
@@ -188,8 +211,10 @@ def adam_params(learning_rate: float):
 
 # --------------------------------------------------------------------------- the requests, before launch
 
-def sdk_requests(base_model: str, rank: int, alpha: int, role: str | None, learning_rate: float,
-                 forward_backward: dict | None = None) -> dict:
+
+def sdk_requests(
+    base_model: str, rank: int, alpha: int, role: str | None, learning_rate: float, forward_backward: dict | None = None
+) -> dict:
     """The CreateTrainingSession request ``create_lora_training_client`` sends and the optimizer step's
     ExecuteTrainingOperation, built with the SDK's own code before anything is launched. What only
     SageMaker knows yet (the session name the SDK draws, the hub's ARN, the account's bucket and default
@@ -203,13 +228,21 @@ def sdk_requests(base_model: str, rank: int, alpha: int, role: str | None, learn
 
     name = f"{DEFAULT_SESSION_NAME_PREFIX}-<8 hex digits>"
     create = _build_create_session_args(
-        session_name=name, base_model_arn=f"<public hub ARN of {base_model}>",
+        session_name=name,
+        base_model_arn=f"<public hub ARN of {base_model}>",
         model_package_group_arn=f"<ARN of model package group {DEFAULT_MODEL_PACKAGE_GROUP_NAME}>",
-        lora_config=build_lora_config(rank, alpha), role_arn=role or "<role>",
-        s3_path=f"s3://<default bucket>/{name}/output", kms_key_arn=None, vpc_config=None)
+        lora_config=build_lora_config(rank, alpha),
+        role_arn=role or "<role>",
+        s3_path=f"s3://<default bucket>/{name}/output",
+        kms_key_arn=None,
+        vpc_config=None,
+    )
     operations = {"optimizerStep": {"adamParamsConfig": adam_params(learning_rate)._to_api()}}
-    return {"CreateTrainingSession": create, "ExecuteTrainingOperation": operations,
-            **({"forwardBackward (without its datums)": forward_backward} if forward_backward else {})}
+    return {
+        "CreateTrainingSession": create,
+        "ExecuteTrainingOperation": operations,
+        **({"forwardBackward (without its datums)": forward_backward} if forward_backward else {}),
+    }
 
 
 def print_requests(requests: dict) -> None:
@@ -221,8 +254,10 @@ def print_requests(requests: dict) -> None:
 
 # --------------------------------------------------------------------------- the raw API (boto3)
 
-def create_session_request(session_name: str, base_model_arn: str, rank: int, alpha: int, role: str,
-                           output_path: str) -> dict:
+
+def create_session_request(
+    session_name: str, base_model_arn: str, rank: int, alpha: int, role: str, output_path: str
+) -> dict:
     """CreateTrainingSession's request as notebook 10 writes it: no model package group (SageMaker uses
     the account's default), checkpoints under ``<output_path>/training-sessions/<session>``."""
     return {
@@ -249,16 +284,19 @@ def base_model_arn(sagemaker_client, base_model: str) -> str:
         if not page.get("NextToken"):
             break
         request["NextToken"] = page["NextToken"]
-    raise ValueError(f"No public hub model has the id {base_model!r} in this Region. Set base_model to one that "
-                     "training sessions serve here (ServiceClient(...).list_base_models() lists them).")
+    raise ValueError(
+        f"No public hub model has the id {base_model!r} in this Region. Set base_model to one that "
+        "training sessions serve here (ServiceClient(...).list_base_models() lists them)."
+    )
 
 
 def wait_for_operation(runtime_client, session_name: str, operation_id: str, timeout: float = 600) -> dict:
     """Poll GetTrainingOperationResult until the operation ends; a Failed one raises with its reason."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        answer = runtime_client.get_training_operation_result(trainingSessionName=session_name,
-                                                              operationId=operation_id)
+        answer = runtime_client.get_training_operation_result(
+            trainingSessionName=session_name, operationId=operation_id
+        )
         if answer["status"] == "Completed":
             return answer
         if answer["status"] in ("Failed", "Skipped"):
@@ -268,6 +306,7 @@ def wait_for_operation(runtime_client, session_name: str, operation_id: str, tim
 
 
 # --------------------------------------------------------------------------- datums
+
 
 def prompt_ids(tokenizer, messages: list[dict]) -> list[int]:
     """The chat prompt up to the assistant's turn, as token ids."""
@@ -288,8 +327,9 @@ def supervised_datum(prompt: list[int], answer: list[int]):
 
     tokens = prompt + answer
     weights = [0.0] * (len(prompt) - 1) + [1.0] * len(answer)
-    return Datum(model_input=ModelInput.from_ints(tokens[:-1]),
-                 loss_fn_inputs={"target_tokens": tokens[1:], "weights": weights})
+    return Datum(
+        model_input=ModelInput.from_ints(tokens[:-1]), loss_fn_inputs={"target_tokens": tokens[1:], "weights": weights}
+    )
 
 
 def policy_gradient_datum(prompt: list[int], sample, advantage: float):
@@ -299,19 +339,26 @@ def policy_gradient_datum(prompt: list[int], sample, advantage: float):
 
     tokens = prompt + list(sample.tokens)
     n_prompt, n_answer = len(prompt) - 1, len(sample.tokens)
-    return Datum(model_input=ModelInput.from_ints(tokens[:-1]), loss_fn_inputs={
-        "target_tokens": tokens[1:],
-        "weights": [0.0] * n_prompt + [1.0] * n_answer,
-        "logprobs": [0.0] * n_prompt + [float(x) for x in sample.logprobs],
-        "advantages": [0.0] * n_prompt + [advantage] * n_answer,
-    })
+    return Datum(
+        model_input=ModelInput.from_ints(tokens[:-1]),
+        loss_fn_inputs={
+            "target_tokens": tokens[1:],
+            "weights": [0.0] * n_prompt + [1.0] * n_answer,
+            "logprobs": [0.0] * n_prompt + [float(x) for x in sample.logprobs],
+            "advantages": [0.0] * n_prompt + [advantage] * n_answer,
+        },
+    )
 
 
 def wire_datum(datum) -> dict:
     """A datum as ExecuteTrainingOperation's ``datumList`` takes it (the raw API, notebook 10)."""
-    return {"modelInput": {"chunks": [{"tokens": datum.model_input.to_ints(), "type": "encoded_text"}]},
-            "lossFnInputs": {"target_tokens": {"data": _values(datum.loss_fn_inputs["target_tokens"]), "dtype": "int64"},
-                             "weights": {"data": _values(datum.loss_fn_inputs["weights"]), "dtype": "float32"}}}
+    return {
+        "modelInput": {"chunks": [{"tokens": datum.model_input.to_ints(), "type": "encoded_text"}]},
+        "lossFnInputs": {
+            "target_tokens": {"data": _values(datum.loss_fn_inputs["target_tokens"]), "dtype": "int64"},
+            "weights": {"data": _values(datum.loss_fn_inputs["weights"]), "dtype": "float32"},
+        },
+    }
 
 
 def target_tokens_of_wire(datum_list: list[dict]) -> int:
@@ -332,6 +379,7 @@ def _values(tensor) -> list:
 
 # --------------------------------------------------------------------------- RL pieces
 
+
 def group_advantages(rewards: list[float]) -> list[float] | None:
     """GRPO's advantage: each completion's reward minus its group's mean (Dr. GRPO: no division by the
     standard deviation). None for a group whose rewards are all equal: it teaches nothing, so it is skipped."""
@@ -351,8 +399,9 @@ def ratio_stats(datums, outputs, low: float, high: float) -> dict[str, float]:
     kl = 0.0
     for datum, output in zip(datums, outputs, strict=True):
         inputs = datum.loss_fn_inputs
-        for w, old, new in zip(_values(inputs["weights"]), _values(inputs["logprobs"]), _values(output["logprobs"]),
-                               strict=True):
+        for w, old, new in zip(
+            _values(inputs["weights"]), _values(inputs["logprobs"]), _values(output["logprobs"]), strict=True
+        ):
             if w:
                 ratio = math.exp(new - old)
                 outside += not (low <= ratio <= high)
@@ -363,15 +412,20 @@ def ratio_stats(datums, outputs, low: float, high: float) -> dict[str, float]:
 
 # --------------------------------------------------------------------------- billing and metrics
 
+
 def billable_tokens(training_session_name: str) -> dict[str, int]:
     """The session's BillableTokenUsage from DescribeTrainingSession."""
     import boto3
 
-    detail = boto3.client("sagemaker").describe_training_session(
-        TrainingSessionName=training_session_name)["TrainingSessionDetail"]
+    detail = boto3.client("sagemaker").describe_training_session(TrainingSessionName=training_session_name)[
+        "TrainingSessionDetail"
+    ]
     usage = detail.get("BillableTokenUsage", {})
-    return {"prefill": usage.get("PrefillTokenCount", 0), "sample": usage.get("SampleTokenCount", 0),
-            "training": usage.get("TrainingTokenCount", 0)}
+    return {
+        "prefill": usage.get("PrefillTokenCount", 0),
+        "sample": usage.get("SampleTokenCount", 0),
+        "training": usage.get("TrainingTokenCount", 0),
+    }
 
 
 def cost(tokens: dict[str, int]) -> float:
@@ -382,8 +436,10 @@ def log_step(history: list[dict], record: dict) -> None:
     """Keep the step's metrics and print them as one line (readable in a notebook, a terminal or a log)."""
     record = {"step": len(history) + 1, **record, "time": round(time.time(), 3)}
     history.append(record)
-    print("  ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in record.items() if k != "time"),
-          flush=True)
+    print(
+        "  ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in record.items() if k != "time"),
+        flush=True,
+    )
 
 
 def record(work_dir: str | os.PathLike, notebook: str, training_client, history: list[dict], **extra) -> dict:
@@ -393,9 +449,15 @@ def record(work_dir: str | os.PathLike, notebook: str, training_client, history:
 
     name = training_client.training_session_name
     detail = boto3.client("sagemaker").describe_training_session(TrainingSessionName=name)["TrainingSessionDetail"]
-    entry = {"notebook": notebook, "session": name, "status": detail["TrainingSessionStatus"], "steps": len(history),
-             "final_metrics": {k: v for k, v in (history[-1] if history else {}).items() if k not in ("step", "time")},
-             "billable_tokens": billable_tokens(name), **extra}
+    entry = {
+        "notebook": notebook,
+        "session": name,
+        "status": detail["TrainingSessionStatus"],
+        "steps": len(history),
+        "final_metrics": {k: v for k, v in (history[-1] if history else {}).items() if k not in ("step", "time")},
+        "billable_tokens": billable_tokens(name),
+        **extra,
+    }
     path = Path(work_dir) / "training_sessions.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     entries = [e for e in (json.loads(path.read_text()) if path.exists() else []) if e["notebook"] != notebook]

@@ -39,8 +39,9 @@ def count_problems(n: int, seed: int = 0, largest: int = 5) -> list[dict]:
     problems = []
     for _ in range(n):
         name, item, count = rng.choice(NAMES), rng.choice(ITEMS), rng.randint(1, largest)
-        problems.append({"question": f"{name} has {count} {item}. How many {item} does {name} have?",
-                         "answer": f"#### {count}"})
+        problems.append(
+            {"question": f"{name} has {count} {item}. How many {item} does {name} have?", "answer": f"#### {count}"}
+        )
     return problems
 
 
@@ -52,8 +53,9 @@ def sample_groups(sampling_client, tokenizer, env, problems: list[dict], group_s
     for index, problem in enumerate(problems):
         prompt = common.prompt_ids(tokenizer, env.prompt_messages(problem))
         seeded = params if params.seed is None else params.model_copy(update={"seed": params.seed + index})
-        requests.append((problem, prompt, sampling_client.sample(prompt, num_samples=group_size,
-                                                                 sampling_params=seeded)))
+        requests.append(
+            (problem, prompt, sampling_client.sample(prompt, num_samples=group_size, sampling_params=seeded))
+        )
     return requests
 
 
@@ -62,8 +64,14 @@ def receive_groups(tokenizer, requests) -> list[dict]:
     groups = []
     for problem, prompt, future in requests:
         samples = future.result().sequences
-        groups.append({"problem": problem, "prompt": prompt, "samples": samples,
-                       "completions": [tokenizer.decode(s.tokens, skip_special_tokens=True) for s in samples]})
+        groups.append(
+            {
+                "problem": problem,
+                "prompt": prompt,
+                "samples": samples,
+                "completions": [tokenizer.decode(s.tokens, skip_special_tokens=True) for s in samples],
+            }
+        )
     return groups
 
 
@@ -79,10 +87,23 @@ def score_groups(env, groups: list[dict], format_reward_weight: float = 0.0) -> 
     return groups
 
 
-def train(training_client, tokenizer, env, problems: list[dict], steps: int, problems_per_step: int,
-          group_size: int, learning_rate: float, loss_fn: str = "importance_sampling", temperature: float = 1.0,
-          format_reward_weight: float = 0.0, overlap: bool = False,
-          stop: list[str] | None = None, seed: int = 0, history: list[dict] | None = None) -> list[dict]:
+def train(
+    training_client,
+    tokenizer,
+    env,
+    problems: list[dict],
+    steps: int,
+    problems_per_step: int,
+    group_size: int,
+    learning_rate: float,
+    loss_fn: str = "importance_sampling",
+    temperature: float = 1.0,
+    format_reward_weight: float = 0.0,
+    overlap: bool = False,
+    stop: list[str] | None = None,
+    seed: int = 0,
+    history: list[dict] | None = None,
+) -> list[dict]:
     """``steps`` GRPO steps with the environment ``env`` (GSM8K's checker, the code judge...); returns one
     metric record a step, with the environment's own ``step_metrics()`` (verdict shares) when it has them."""
     from sagemaker.train.training_session import SamplingParams
@@ -96,8 +117,9 @@ def train(training_client, tokenizer, env, problems: list[dict], steps: int, pro
 
     def sample_batch(sampler, step):
         # 512 is the service's smallest maxTokens; an answer ends earlier at its end of turn or a stop sequence.
-        params = SamplingParams(max_tokens=512, temperature=temperature, seed=seed * 1_000_000 + step * 1_000,
-                                stop=stop)
+        params = SamplingParams(
+            max_tokens=512, temperature=temperature, seed=seed * 1_000_000 + step * 1_000, stop=stop
+        )
         return sample_groups(sampler, tokenizer, env, rng.sample(problems, problems_per_step), group_size, params)
 
     sampler = training_client.save_weights_and_get_sampling_client()
@@ -115,28 +137,36 @@ def train(training_client, tokenizer, env, problems: list[dict], steps: int, pro
             if advantages is None:
                 skipped += 1
                 continue
-            completions += [(group["prompt"], sample, advantage)
-                            for sample, advantage in zip(group["samples"], advantages, strict=True)]
+            completions += [
+                (group["prompt"], sample, advantage)
+                for sample, advantage in zip(group["samples"], advantages, strict=True)
+            ]
         scores = [s for g in groups for s in g["scores"]]
         sampled_tokens = sum(len(s.tokens) for g in groups for s in g["samples"])
-        record = {"reward": sum(s["reward"] for s in scores) / len(scores),
-                  "accuracy": sum(bool(s["correct"]) for s in scores) / len(scores),
-                  "format_reward": sum(s["format_reward"] for s in scores) / len(scores),
-                  "skipped_groups": skipped, "sampled_tokens": sampled_tokens}
+        record = {
+            "reward": sum(s["reward"] for s in scores) / len(scores),
+            "accuracy": sum(bool(s["correct"]) for s in scores) / len(scores),
+            "format_reward": sum(s["format_reward"] for s in scores) / len(scores),
+            "skipped_groups": skipped,
+            "sampled_tokens": sampled_tokens,
+        }
         if hasattr(env, "step_metrics"):
             record.update(env.step_metrics())  # the code judge's verdict shares and judging time
         if completions:
             # The service sums the loss over tokens; dividing every advantage by the step's completion
             # tokens makes the step's loss a mean over tokens (Dr. GRPO's constant normaliser).
             n_tokens = sum(len(sample.tokens) for _, sample, _ in completions)
-            datums = [common.policy_gradient_datum(prompt, sample, advantage / n_tokens)
-                      for prompt, sample, advantage in completions]
+            datums = [
+                common.policy_gradient_datum(prompt, sample, advantage / n_tokens)
+                for prompt, sample, advantage in completions
+            ]
             forward_backward = training_client.forward_backward(datums, loss_fn=loss_fn, loss_fn_config=config)
             optim_step = training_client.optim_step(adam)
             outputs = forward_backward.result().loss_fn_outputs
             optim_step.result()
-            record.update(common.ratio_stats(datums, outputs, PPO_CLIP["clip_low_threshold"],
-                                             PPO_CLIP["clip_high_threshold"]))
+            record.update(
+                common.ratio_stats(datums, outputs, PPO_CLIP["clip_low_threshold"], PPO_CLIP["clip_high_threshold"])
+            )
             record["trained_tokens"] = n_tokens
         common.log_step(history, record)
         next_sampled = step + 2 if overlap else step + 1  # the step the next sampler's samples train
@@ -147,29 +177,47 @@ def train(training_client, tokenizer, env, problems: list[dict], steps: int, pro
     return history
 
 
-def evaluate(sampling_client, tokenizer, env, problems: list[dict], samples_per_problem: int = 4,
-             temperature: float = 1.0, stop: list[str] | None = None, seed: int = 12345) -> dict[str, float]:
+def evaluate(
+    sampling_client,
+    tokenizer,
+    env,
+    problems: list[dict],
+    samples_per_problem: int = 4,
+    temperature: float = 1.0,
+    stop: list[str] | None = None,
+    seed: int = 12345,
+) -> dict[str, float]:
     """Accuracy and format reward on held-out problems, with the environment's checker."""
     from sagemaker.train.training_session import SamplingParams
 
     params = SamplingParams(max_tokens=512, temperature=temperature, seed=seed, stop=stop)
-    groups = score_groups(env, receive_groups(tokenizer, sample_groups(sampling_client, tokenizer, env, problems,
-                                                                      samples_per_problem, params)))
+    groups = score_groups(
+        env,
+        receive_groups(
+            tokenizer, sample_groups(sampling_client, tokenizer, env, problems, samples_per_problem, params)
+        ),
+    )
     scores = [s for g in groups for s in g["scores"]]
-    return {"accuracy": sum(bool(s["correct"]) for s in scores) / len(scores),
-            "format_reward": sum(s["format_reward"] for s in scores) / len(scores)}
+    return {
+        "accuracy": sum(bool(s["correct"]) for s in scores) / len(scores),
+        "format_reward": sum(s["format_reward"] for s in scores) / len(scores),
+    }
 
 
-def warm_start(training_client, tokenizer, env, problems: list[dict], steps: int, learning_rate: float,
-               seed: int = 0) -> list[dict]:
+def warm_start(
+    training_client, tokenizer, env, problems: list[dict], steps: int, learning_rate: float, seed: int = 0
+) -> list[dict]:
     """A few SFT steps in the same session on worked answers that end in '#### n': the model learns the
     format GSM8K's checker reads, so GRPO's groups have rewards to compare."""
     from session_loops import sft
 
-    datums = [common.supervised_datum(common.prompt_ids(tokenizer, env.prompt_messages(p)),
-                                      tokenizer(p["answer"], add_special_tokens=False)["input_ids"]
-                                      + [tokenizer.eos_token_id])
-              for p in problems]
+    datums = [
+        common.supervised_datum(
+            common.prompt_ids(tokenizer, env.prompt_messages(p)),
+            tokenizer(p["answer"], add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id],
+        )
+        for p in problems
+    ]
     return sft.train(training_client, datums, steps, batch_size=16, learning_rate=learning_rate, seed=seed)
 
 
@@ -183,8 +231,12 @@ def main() -> None:
     parser.add_argument("--loss-fn", default="importance_sampling", choices=["importance_sampling", "ppo"])
     parser.add_argument("--overlap", action="store_true", help="sample step k+1 while step k trains")
     parser.add_argument("--stop", nargs="*", default=None, help="stop sequences, e.g. a newline for one-line answers")
-    parser.add_argument("--held-out-samples", type=int, default=4,
-                        help="answers per held-out problem; 16 makes the tiny model's rise larger than the noise")
+    parser.add_argument(
+        "--held-out-samples",
+        type=int,
+        default=4,
+        help="answers per held-out problem; 16 makes the tiny model's rise larger than the noise",
+    )
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
 
@@ -196,17 +248,43 @@ def main() -> None:
     base_model = common.choose_base_model(service, args.base_model)
     with common.training_session(service, base_model, args.rank, args.alpha) as training_client:
         tokenizer = training_client.get_tokenizer()
-        warm_start(training_client, tokenizer, env, train_problems, args.warm_start_steps, args.learning_rate,
-                   args.seed)
-        before = evaluate(training_client.save_weights_and_get_sampling_client(), tokenizer, env, held_out,
-                          args.held_out_samples, stop=args.stop)
-        history = train(training_client, tokenizer, env, train_problems, args.steps, args.problems_per_step,
-                        args.group_size, args.learning_rate, args.loss_fn, overlap=args.overlap, stop=args.stop,
-                        seed=args.seed)
-        after = evaluate(training_client.save_weights_and_get_sampling_client(), tokenizer, env, held_out,
-                         args.held_out_samples, stop=args.stop)
-        print(f"held-out accuracy {before['accuracy']:.3f} -> {after['accuracy']:.3f}; reward "
-              f"{history[0]['reward']:.3f} -> {history[-1]['reward']:.3f}")
+        warm_start(
+            training_client, tokenizer, env, train_problems, args.warm_start_steps, args.learning_rate, args.seed
+        )
+        before = evaluate(
+            training_client.save_weights_and_get_sampling_client(),
+            tokenizer,
+            env,
+            held_out,
+            args.held_out_samples,
+            stop=args.stop,
+        )
+        history = train(
+            training_client,
+            tokenizer,
+            env,
+            train_problems,
+            args.steps,
+            args.problems_per_step,
+            args.group_size,
+            args.learning_rate,
+            args.loss_fn,
+            overlap=args.overlap,
+            stop=args.stop,
+            seed=args.seed,
+        )
+        after = evaluate(
+            training_client.save_weights_and_get_sampling_client(),
+            tokenizer,
+            env,
+            held_out,
+            args.held_out_samples,
+            stop=args.stop,
+        )
+        print(
+            f"held-out accuracy {before['accuracy']:.3f} -> {after['accuracy']:.3f}; reward "
+            f"{history[0]['reward']:.3f} -> {history[-1]['reward']:.3f}"
+        )
         print("billable tokens:", common.billable_tokens(training_client.training_session_name))
 
 

@@ -49,8 +49,10 @@ def worked_examples(task: str, seed: int) -> list[tuple[list[dict], str]]:
     from helpers import offline_data
 
     env = CodeEnvironment()
-    return [(env.prompt_messages(p), offline_data.code_solution(p))
-            for p in offline_data.code_problem_records(512, seed=seed + 1)]
+    return [
+        (env.prompt_messages(p), offline_data.code_solution(p))
+        for p in offline_data.code_problem_records(512, seed=seed + 1)
+    ]
 
 
 def build(out_dir: Path, task: str, steps: int, seed: int = 0) -> Path:

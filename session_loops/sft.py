@@ -24,8 +24,15 @@ def conversation_datum(tokenizer, messages: list[dict]):
     return common.supervised_datum(prompt, answer)
 
 
-def train(training_client, datums: list, steps: int, batch_size: int, learning_rate: float,
-          seed: int = 0, history: list[dict] | None = None) -> list[dict]:
+def train(
+    training_client,
+    datums: list,
+    steps: int,
+    batch_size: int,
+    learning_rate: float,
+    seed: int = 0,
+    history: list[dict] | None = None,
+) -> list[dict]:
     """``steps`` cross-entropy steps on batches drawn from ``datums``; returns one metric record a step."""
     rng = random.Random(seed)
     adam = common.adam_params(learning_rate)
@@ -42,8 +49,13 @@ def train(training_client, datums: list, steps: int, batch_size: int, learning_r
         batch = rng.sample(datums, min(batch_size, len(datums)))
         # Both calls return futures at once; the service runs them in sequence-number order, so step
         # k+1 is on its way while step k's result is read.
-        in_flight.append((training_client.forward_backward(batch, loss_fn="cross_entropy"),
-                          training_client.optim_step(adam), common.target_tokens(batch)))
+        in_flight.append(
+            (
+                training_client.forward_backward(batch, loss_fn="cross_entropy"),
+                training_client.optim_step(adam),
+                common.target_tokens(batch),
+            )
+        )
         if len(in_flight) > 1:
             read_oldest()
     while in_flight:
@@ -56,8 +68,10 @@ def sample_answers(sampling_client, tokenizer, prompts: list[list[dict]], max_to
     from sagemaker.train.training_session import SamplingParams
 
     params = SamplingParams(max_tokens=max_tokens, temperature=0.0)
-    futures = [sampling_client.sample(common.prompt_ids(tokenizer, messages), num_samples=1, sampling_params=params)
-               for messages in prompts]  # all in flight at once
+    futures = [
+        sampling_client.sample(common.prompt_ids(tokenizer, messages), num_samples=1, sampling_params=params)
+        for messages in prompts
+    ]  # all in flight at once
     return [tokenizer.decode(f.result().sequences[0].tokens, skip_special_tokens=True) for f in futures]
 
 

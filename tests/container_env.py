@@ -15,19 +15,21 @@ def container_env(root: Path, channels: dict[str, Path], hyperparameters: dict |
     channel and, when given, the hyperparameters as ``SM_HPS`` (the toolkit also passes them as
     ``--key value``)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SM_", "SAGEMAKER_"))}
-    env.update({
-        "SAGEMAKER_BASE_DIR": str(root),
-        "SM_MODEL_DIR": str(root / "model"),
-        "SM_OUTPUT_DATA_DIR": str(root / "output" / "data"),
-        "SM_OUTPUT_DIR": str(root / "output"),
-        "SM_HOSTS": json.dumps(["algo-1"]),
-        "SM_CURRENT_HOST": "algo-1",
-        "SM_NUM_GPUS": "0",
-        "SM_CURRENT_INSTANCE_TYPE": "local",
-        "OMP_NUM_THREADS": "1",  # the same thread count in every run: identical float sums
-        "PYTHONUNBUFFERED": "1",
-        "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",  # torchrun
-    })
+    env.update(
+        {
+            "SAGEMAKER_BASE_DIR": str(root),
+            "SM_MODEL_DIR": str(root / "model"),
+            "SM_OUTPUT_DATA_DIR": str(root / "output" / "data"),
+            "SM_OUTPUT_DIR": str(root / "output"),
+            "SM_HOSTS": json.dumps(["algo-1"]),
+            "SM_CURRENT_HOST": "algo-1",
+            "SM_NUM_GPUS": "0",
+            "SM_CURRENT_INSTANCE_TYPE": "local",
+            "OMP_NUM_THREADS": "1",  # the same thread count in every run: identical float sums
+            "PYTHONUNBUFFERED": "1",
+            "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",  # torchrun
+        }
+    )
     if hyperparameters is not None:
         env["SM_HPS"] = json.dumps(hyperparameters)
     for name, folder in channels.items():

@@ -150,9 +150,7 @@ class SageMakerAPI:
         ):
             if key in request:
                 jobs = [j for j in jobs if keep(j, float(request[key]))]
-        sort_key = {"Name": "TrainingJobName", "Status": "TrainingJobStatus"}.get(
-            request.get("SortBy"), "CreationTime"
-        )
+        sort_key = {"Name": "TrainingJobName", "Status": "TrainingJobStatus"}.get(request.get("SortBy"), "CreationTime")
         jobs.sort(key=lambda j: j[sort_key], reverse=request.get("SortOrder", "Descending") == "Descending")
         start = int(request.get("NextToken", 0))
         size = request.get("MaxResults", 10)

@@ -32,19 +32,12 @@ LOOPBACK = "loopback addresses"
 # Runs inside the new namespaces: private /etc/hosts, the host tree at /opt/ml, hostname algo-i,
 # then the container's entry point: the image's (`train` is sagemaker_training.cli.train) or the
 # request's ContainerEntrypoint + ContainerArguments.
-_IN_NAMESPACE = (
-    'mount --bind "$1" /etc/hosts && mount --bind "$2" /opt/ml && hostname "$3" '
-    '&& shift 3 && exec "$@"'
-)
+_IN_NAMESPACE = 'mount --bind "$1" /etc/hosts && mount --bind "$2" /opt/ml && hostname "$3" && shift 3 && exec "$@"'
 
 
 @cache
 def isolation() -> str:
-    if (
-        os.environ.get("SAGEMAKER_LOCAL_NO_NAMESPACES") == "1"
-        or os.geteuid() != 0
-        or not shutil.which("unshare")
-    ):
+    if os.environ.get("SAGEMAKER_LOCAL_NO_NAMESPACES") == "1" or os.geteuid() != 0 or not shutil.which("unshare"):
         return LOOPBACK
     try:
         os.makedirs("/opt/ml", exist_ok=True)
@@ -142,12 +135,8 @@ def write_config(host: Host, hosts: list[Host], request: dict, hyperparameters: 
     }
     channels = {
         c["ChannelName"]: {
-            "TrainingInputMode": c.get(
-                "InputMode", request["AlgorithmSpecification"].get("TrainingInputMode", "File")
-            ),
-            "S3DistributionType": c["DataSource"]["S3DataSource"].get(
-                "S3DataDistributionType", "FullyReplicated"
-            ),
+            "TrainingInputMode": c.get("InputMode", request["AlgorithmSpecification"].get("TrainingInputMode", "File")),
+            "S3DistributionType": c["DataSource"]["S3DataSource"].get("S3DataDistributionType", "FullyReplicated"),
             "RecordWrapperType": c.get("RecordWrapperType", "None"),
             **({"ContentType": c["ContentType"]} if "ContentType" in c else {}),
         }

@@ -93,6 +93,5 @@ class JobStatus:
         else:
             self.secondary("Stopped", "Training job stopped", primary="Stopped")
         self.say(
-            f"{self.job['TrainingJobStatus']} ({self.job['SecondaryStatus']})"
-            + (f": {reason[:300]}" if reason else "")
+            f"{self.job['TrainingJobStatus']} ({self.job['SecondaryStatus']})" + (f": {reason[:300]}" if reason else "")
         )

@@ -50,4 +50,3 @@ def is_same_process(identity: dict) -> bool:
         return process_identity(identity["pid"])["started"] == identity["started"]
     except (psutil.Error, KeyError, TypeError, ValueError):
         return False
-

@@ -75,8 +75,9 @@ def stop_grace_seconds(reaches_script: bool) -> float:
         try:
             return max(0.0, float(value))
         except ValueError:
-            raise ValueError(f"{GRACE_VARIABLE}={value!r} is not a number of seconds; "
-                             f"unset it or give e.g. {GRACE_VARIABLE}=10") from None
+            raise ValueError(
+                f"{GRACE_VARIABLE}={value!r} is not a number of seconds; unset it or give e.g. {GRACE_VARIABLE}=10"
+            ) from None
     return float(STOP_GRACE_SECONDS) if reaches_script else 0.0
 
 
@@ -237,14 +238,18 @@ class Supervisor:
         grace = stop_grace_seconds(reaches_script)
         kill = f"SIGKILL after {grace:g} s" if grace else "SIGKILL at once"
         if reaches_script:
-            self.status.say(f"SIGTERM to the training processes ({SIGTERM_REACHES_SCRIPT_VARIABLE}: the image's "
-                            f"entry point passes it on); {kill} (SageMaker: after {SAGEMAKER_STOP_GRACE_SECONDS} s)")
+            self.status.say(
+                f"SIGTERM to the training processes ({SIGTERM_REACHES_SCRIPT_VARIABLE}: the image's "
+                f"entry point passes it on); {kill} (SageMaker: after {SAGEMAKER_STOP_GRACE_SECONDS} s)"
+            )
             _signal_training_processes(self.processes, signal.SIGTERM)
         else:
-            self.status.say(f"SIGTERM to the container's first process, which passes it to nothing (PyTorch/Hugging "
-                            f"Face images: bash -m start_with_right_hostname.sh, no trap): the script gets no notice; "
-                            f"{kill} (SageMaker: after {SAGEMAKER_STOP_GRACE_SECONDS} s; {GRACE_VARIABLE} to wait "
-                            "here too)")
+            self.status.say(
+                f"SIGTERM to the container's first process, which passes it to nothing (PyTorch/Hugging "
+                f"Face images: bash -m start_with_right_hostname.sh, no trap): the script gets no notice; "
+                f"{kill} (SageMaker: after {SAGEMAKER_STOP_GRACE_SECONDS} s; {GRACE_VARIABLE} to wait "
+                "here too)"
+            )
         _kill_after(self.processes, grace)
 
     def terminate(self, grace: float) -> None:

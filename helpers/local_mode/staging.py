@@ -31,7 +31,9 @@ def get_object(aws, bucket: str, key: str, what: str) -> bytes:
     try:
         return aws.s3.get_object(Bucket=bucket, Key=key)["Body"].read()
     except aws.s3.exceptions.ClientError as error:
-        raise JobEnded("Failed", f"ClientError: Data download failed for {what}: s3://{bucket}/{key}: {error}") from None
+        raise JobEnded(
+            "Failed", f"ClientError: Data download failed for {what}: s3://{bucket}/{key}: {error}"
+        ) from None
 
 
 def download_code(aws, job: dict, hyperparameters: dict, target: Path, say) -> Path | None:

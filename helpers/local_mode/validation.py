@@ -140,7 +140,9 @@ def _check_instance_groups(resources: dict) -> list[str]:
         name = group["InstanceGroupName"]
         _check_pattern(name, "InstanceGroupName", f"{where}.instanceGroupName")
         if len(name) > _shape("InstanceGroupName").metadata["max"]:
-            raise _constraint_error(name, f"{where}.instanceGroupName", "Member must have length less than or equal to 64")
+            raise _constraint_error(
+                name, f"{where}.instanceGroupName", "Member must have length less than or equal to 64"
+            )
         if name in names:
             raise ServiceError(
                 "ValidationException",

@@ -152,8 +152,12 @@ def _load_optimizer_state(model, optimizer, state: dict) -> None:
     if is_fsdp(model):
         from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
 
-        set_optimizer_state_dict(model, optimizer, optim_state_dict=state,
-                                 options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True))
+        set_optimizer_state_dict(
+            model,
+            optimizer,
+            optim_state_dict=state,
+            options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True),
+        )
         return
     optimizer.load_state_dict(state)
 
@@ -213,8 +217,14 @@ def _shard_sizes(metadata) -> dict[str, int]:
 class Checkpointer:
     """Saves and restores the full training state under ``directory`` (see the module docstring)."""
 
-    def __init__(self, directory: str | Path, learners: Learners, keep: int = 2, trainable_only: bool = False,
-                 background: bool = False):
+    def __init__(
+        self,
+        directory: str | Path,
+        learners: Learners,
+        keep: int = 2,
+        trainable_only: bool = False,
+        background: bool = False,
+    ):
         self.directory = Path(directory)
         self.learners = learners
         self.keep = max(1, keep)
@@ -253,8 +263,11 @@ class Checkpointer:
             if self.background:
                 copied = time.perf_counter() - started
                 # Not a daemon: the interpreter waits for it before a clean exit (SIGTERM, last step).
-                self._writer = threading.Thread(target=self._write_in_background, name="checkpoint-writer",
-                                                args=(final, model_state, optimizer_state, state, started, copied))
+                self._writer = threading.Thread(
+                    target=self._write_in_background,
+                    name="checkpoint-writer",
+                    args=(final, model_state, optimizer_state, state, started, copied),
+                )
                 self._writer.start()
             else:
                 self._write(final, model_state, optimizer_state, state)
@@ -296,15 +309,19 @@ class Checkpointer:
             future = dcp.async_save(shards, checkpoint_id=str(final), process_group=self._sharded_group)
             copied = time.perf_counter() - started
             # Not a daemon: the interpreter waits for it before a clean exit.
-            self._writer = threading.Thread(target=self._finish_sharded_in_background, name="checkpoint-writer",
-                                            args=(future, step, final, started, copied))
+            self._writer = threading.Thread(
+                target=self._finish_sharded_in_background,
+                name="checkpoint-writer",
+                args=(future, step, final, started, copied),
+            )
             self._writer.start()
         else:
             metadata = dcp.save(shards, checkpoint_id=str(final))
             if self.learners.is_main:
                 self._write_sharded_manifest(final, step, metadata)
-                log.info("checkpoint step %d saved to %s in %.1fs (sharded)", step, final,
-                         time.perf_counter() - started)
+                log.info(
+                    "checkpoint step %d saved to %s in %.1fs (sharded)", step, final, time.perf_counter() - started
+                )
         barrier(self.learners)
         self.last_saved_step = step
         return final if self.learners.is_main else None
@@ -314,8 +331,13 @@ class Checkpointer:
             metadata = future.result()
             if self.learners.is_main:
                 self._write_sharded_manifest(final, step, metadata)
-                log.info("checkpoint step %d saved to %s in %.1fs (sharded; training waited %.2fs for the copy)",
-                         step, final, time.perf_counter() - started, copied)
+                log.info(
+                    "checkpoint step %d saved to %s in %.1fs (sharded; training waited %.2fs for the copy)",
+                    step,
+                    final,
+                    time.perf_counter() - started,
+                    copied,
+                )
         except BaseException as error:  # noqa: BLE001 - reported by the next save or wait()
             log.error("checkpoint step %d could not be written: %r", step, error)
             self._write_error = error
@@ -324,8 +346,13 @@ class Checkpointer:
         files = _shard_sizes(metadata)
         for name in (".metadata", "state.pt"):
             files[name] = (final / name).stat().st_size
-        manifest = {"step": step, "format": SHARDED, "files": files, "world_size": self.learners.world_size,
-                    "time": time.time()}
+        manifest = {
+            "step": step,
+            "format": SHARDED,
+            "files": files,
+            "world_size": self.learners.world_size,
+            "time": time.time(),
+        }
         staging = final / f".tmp-{MANIFEST}"
         with open(staging, "w") as handle:
             handle.write(json.dumps(manifest, indent=1))
@@ -346,8 +373,13 @@ class Checkpointer:
     def _write_in_background(self, final: Path, model_state, optimizer_state, state, started, copied) -> None:
         try:
             self._write(final, model_state, optimizer_state, state)
-            log.info("checkpoint step %d saved to %s in %.1fs (training waited %.2fs for the copy)",
-                     state["step"], final, time.perf_counter() - started, copied)
+            log.info(
+                "checkpoint step %d saved to %s in %.1fs (training waited %.2fs for the copy)",
+                state["step"],
+                final,
+                time.perf_counter() - started,
+                copied,
+            )
         except BaseException as error:  # noqa: BLE001 - reported by the next save or wait()
             log.error("checkpoint step %d could not be written: %r", state["step"], error)
             self._write_error = error
@@ -370,7 +402,7 @@ class Checkpointer:
     def _prune(self) -> None:
         """Keep the newest ``keep`` whole checkpoints; drop older ones and torn ones older than the newest."""
         complete = self.complete_checkpoints()
-        for old in complete[:-self.keep]:
+        for old in complete[: -self.keep]:
             shutil.rmtree(old, ignore_errors=True)
         for folder in self.directory.glob(f"{PREFIX}*"):
             if folder not in complete and complete and folder.name < complete[-1].name:
@@ -388,8 +420,10 @@ class Checkpointer:
             return False
         try:
             manifest = json.loads(manifest_path.read_text())
-            return all((folder / name).is_file() and (folder / name).stat().st_size == size
-                       for name, size in manifest["files"].items())
+            return all(
+                (folder / name).is_file() and (folder / name).stat().st_size == size
+                for name, size in manifest["files"].items()
+            )
         except (OSError, ValueError, KeyError, TypeError):
             return False
 
@@ -404,7 +438,9 @@ class Checkpointer:
         """Newest first; torn ones are reported and left out."""
         if not self.directory.is_dir():
             return []
-        folders = sorted((p for p in self.directory.iterdir() if p.is_dir() and p.name.startswith(PREFIX)), reverse=True)
+        folders = sorted(
+            (p for p in self.directory.iterdir() if p.is_dir() and p.name.startswith(PREFIX)), reverse=True
+        )
         good = []
         for folder in folders:
             if self._is_complete(folder):
@@ -431,9 +467,12 @@ class Checkpointer:
             try:
                 state = torch.load(folder / "state.pt", map_location="cpu", weights_only=False)
                 load_full = self.learners.is_main or not is_fsdp(model)
-                model_state = torch.load(folder / "model.pt", map_location="cpu", weights_only=False) if load_full else {}
-                optimizer_state = (torch.load(folder / "optimizer.pt", map_location="cpu", weights_only=False)
-                                   if load_full else {})
+                model_state = (
+                    torch.load(folder / "model.pt", map_location="cpu", weights_only=False) if load_full else {}
+                )
+                optimizer_state = (
+                    torch.load(folder / "optimizer.pt", map_location="cpu", weights_only=False) if load_full else {}
+                )
             except Exception as error:  # noqa: BLE001 - a damaged file means: try the previous one
                 log.warning("skipping unreadable checkpoint %s: %s", folder, error)
                 continue
@@ -449,8 +488,11 @@ class Checkpointer:
         if len(rng) == self.learners.world_size:
             set_rng_state(rng[self.learners.rank])
         else:
-            log.warning("checkpoint was written by %d processes, now %d: random state not restored",
-                        len(rng), self.learners.world_size)
+            log.warning(
+                "checkpoint was written by %d processes, now %d: random state not restored",
+                len(rng),
+                self.learners.world_size,
+            )
         log.info("resumed from %s (step %d)", folder, state["step"])
         return {"step": state["step"], "extra": state["extra"]}
 

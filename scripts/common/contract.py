@@ -53,7 +53,8 @@ def on_sagemaker() -> bool:
     channels and ``SM_HPS``, which a hand run may set too, or a relocated ``SAGEMAKER_BASE_DIR``)."""
     by_hand_too = ("SM_CHANNEL_", "SM_HPS")
     return "SAGEMAKER_BASE_DIR" in os.environ or any(
-        key.startswith("SM_") and not key.startswith(by_hand_too) for key in os.environ)
+        key.startswith("SM_") and not key.startswith(by_hand_too) for key in os.environ
+    )
 
 
 def _base_dir() -> Path:
@@ -227,27 +228,42 @@ class HyperparameterParser(argparse.ArgumentParser):
         self.options_class = options_class
         annotations = typing.get_type_hints(options_class)
         # Base classes first: the first to have a field declared it; the last to give it help wins.
-        fields_by_class = [(klass, vars(klass)["__dataclass_fields__"]) for klass in reversed(options_class.__mro__)
-                      if "__dataclass_fields__" in vars(klass)]
+        fields_by_class = [
+            (klass, vars(klass)["__dataclass_fields__"])
+            for klass in reversed(options_class.__mro__)
+            if "__dataclass_fields__" in vars(klass)
+        ]
         groups = {None: self}
         for field in dataclasses.fields(options_class):
             declared_by = next(klass for klass, fields in fields_by_class if field.name in fields)
-            documented = [fields[field.name].metadata for _, fields in fields_by_class
-                          if "help" in getattr(fields.get(field.name), "metadata", {})]
+            documented = [
+                fields[field.name].metadata
+                for _, fields in fields_by_class
+                if "help" in getattr(fields.get(field.name), "metadata", {})
+            ]
             if not documented:
-                raise TypeError(f"{options_class.__name__}.{field.name} has no help: declare it with option(default, help)")
+                raise TypeError(
+                    f"{options_class.__name__}.{field.name} has no help: declare it with option(default, help)"
+                )
             help_text = documented[-1]["help"].replace("%", "%%")
             if "default:" not in help_text:
                 help_text += " (default: %(default)s)"
             heading = vars(declared_by).get("help_group")
             if heading not in groups:
                 groups[heading] = self.add_argument_group(heading)
-            groups[heading].add_argument(f"--{field.name}", default=field.default, help=help_text,
-                                         **{**_value_type(annotations[field.name]), **documented[-1]["argparse"]})
+            groups[heading].add_argument(
+                f"--{field.name}",
+                default=field.default,
+                help=help_text,
+                **{**_value_type(annotations[field.name]), **documented[-1]["argparse"]},
+            )
 
     def valid_names(self) -> list[str]:
         return sorted(
-            opt[2:] for action in self._actions for opt in action.option_strings if opt.startswith("--") and opt != "--help"
+            opt[2:]
+            for action in self._actions
+            for opt in action.option_strings
+            if opt.startswith("--") and opt != "--help"
         )
 
     def error(self, message: str):  # argparse calls this for every parse problem
@@ -269,7 +285,9 @@ class HyperparameterParser(argparse.ArgumentParser):
             argv += [f"--{key}", str(value)]
         args, unknown = self.parse_known_args(argv)
         if unknown:
-            names = [a[2:].split("=", 1)[0] if a.startswith("--") else a for a in unknown if a.startswith("-")] or unknown
+            names = [
+                a[2:].split("=", 1)[0] if a.startswith("--") else a for a in unknown if a.startswith("-")
+            ] or unknown
             raise UserError(
                 f"Unknown hyperparameter {', '.join(repr(n) for n in names)}. Valid hyperparameters: "
                 f"{', '.join(self.valid_names())}. Run `python {self.prog} --help` for what each one means."
@@ -289,8 +307,10 @@ def require_whole_micro_batches(options, world_size: int) -> None:
     """``UserError`` unless ``--batch_size`` cuts into micro-batches of ``--per_device_batch_size``
     on each of ``world_size`` processes."""
     if options.batch_size % (options.per_device_batch_size * world_size):
-        raise UserError(f"--batch_size {options.batch_size} must be a multiple of --per_device_batch_size "
-                        f"{options.per_device_batch_size} x {world_size} processes.")
+        raise UserError(
+            f"--batch_size {options.batch_size} must be a multiple of --per_device_batch_size "
+            f"{options.per_device_batch_size} x {world_size} processes."
+        )
 
 
 @dataclasses.dataclass
@@ -298,23 +318,34 @@ class TrainingArgs:
     """The options every training script has. A script's options subclass this, add their own
     fields and give the first ones the script's defaults (``max_steps: int = 200``)."""
 
-    model_name_or_path: str = option("Qwen/Qwen2.5-0.5B-Instruct",
-                                     "hub id or local folder of the starting model; the 'model' channel "
-                                     "(SM_CHANNEL_MODEL) wins over it when given")
+    model_name_or_path: str = option(
+        "Qwen/Qwen2.5-0.5B-Instruct",
+        "hub id or local folder of the starting model; the 'model' channel (SM_CHANNEL_MODEL) wins over it when given",
+    )
     max_steps: int = option(100, "optimizer steps to run")
     seed: int = option(42, "seed for data order and initialisation")
     learning_rate: float = option(1e-5, "peak learning rate")
     checkpoint_every: int = option(50, "save a resumable checkpoint every N steps; 0 = not by steps")
-    checkpoint_every_minutes: float = option(0.0, "also save once this many minutes have passed since the last "
-                                                  "save: bounds what a spot interruption costs in time; 0 = not by time")
-    checkpoint_in_background: bool = option(False, "copy the state to CPU memory and write it in a thread while "
-                                                   "training goes on")
+    checkpoint_every_minutes: float = option(
+        0.0,
+        "also save once this many minutes have passed since the last "
+        "save: bounds what a spot interruption costs in time; 0 = not by time",
+    )
+    checkpoint_in_background: bool = option(
+        False, "copy the state to CPU memory and write it in a thread while training goes on"
+    )
     keep_checkpoints: int = option(2, "how many recent checkpoints to keep")
-    checkpoint_dir: str | None = option(None, "where checkpoints go and are resumed from (default: /opt/ml/checkpoints "
-                                              "under SageMaker, synced with checkpoint_s3_uri; ./checkpoints by hand)")
-    strategy: Literal["ddp", "fsdp"] = option("ddp", "ddp: a full model copy per GPU; fsdp: shard parameters, "
-                                                     "gradients and optimizer state (FSDP2, bf16 compute, activation "
-                                                     "checkpointing) for models that do not fit one GPU")
+    checkpoint_dir: str | None = option(
+        None,
+        "where checkpoints go and are resumed from (default: /opt/ml/checkpoints "
+        "under SageMaker, synced with checkpoint_s3_uri; ./checkpoints by hand)",
+    )
+    strategy: Literal["ddp", "fsdp"] = option(
+        "ddp",
+        "ddp: a full model copy per GPU; fsdp: shard parameters, "
+        "gradients and optimizer state (FSDP2, bf16 compute, activation "
+        "checkpointing) for models that do not fit one GPU",
+    )
     log_every: int = option(1, "print a metric line every N steps")
 
     def validate(self, world_size: int) -> None:
@@ -322,8 +353,10 @@ class TrainingArgs:
         processes that train together). A script's class adds its own checks."""
         require_at_least_one(self, "max_steps", "log_every")
         if self.checkpoint_every < 0 or self.checkpoint_every_minutes < 0:
-            raise UserError(f"--checkpoint_every ({self.checkpoint_every}) and --checkpoint_every_minutes "
-                            f"({self.checkpoint_every_minutes}) cannot be negative; 0 turns either off.")
+            raise UserError(
+                f"--checkpoint_every ({self.checkpoint_every}) and --checkpoint_every_minutes "
+                f"({self.checkpoint_every_minutes}) cannot be negative; 0 turns either off."
+            )
 
 
 # --------------------------------------------------------------------------- failure

@@ -13,8 +13,11 @@ from common.distributed import Learners
 
 
 def _is_empty(value) -> bool:
-    return value is None or (isinstance(value, (str, list, dict)) and len(value) == 0) or \
-        (isinstance(value, str) and not value.strip())
+    return (
+        value is None
+        or (isinstance(value, (str, list, dict)) and len(value) == 0)
+        or (isinstance(value, str) and not value.strip())
+    )
 
 
 def read_jsonl(path: str | Path, fields: Sequence[str], check: Callable[[dict], None] | None = None) -> list[dict]:
@@ -35,7 +38,9 @@ def read_jsonl(path: str | Path, fields: Sequence[str], check: Callable[[dict], 
             except json.JSONDecodeError as error:
                 raise UserError(f"{where}: not valid JSON ({error.msg} at column {error.colno}).") from None
             if not isinstance(row, dict):
-                raise UserError(f"{where}: expected a JSON object with fields {list(fields)}, got {type(row).__name__}.")
+                raise UserError(
+                    f"{where}: expected a JSON object with fields {list(fields)}, got {type(row).__name__}."
+                )
             for field in fields:
                 if field not in row:
                     raise UserError(f"{where}: field '{field}' is missing (each row needs {list(fields)}).")
@@ -75,7 +80,7 @@ class BatchOrder:
         batch = []
         while len(batch) < self.batch_size:
             order = self._permutation(self.epoch)
-            take = order[self.position:self.position + self.batch_size - len(batch)]
+            take = order[self.position : self.position + self.batch_size - len(batch)]
             batch += take
             self.position += len(take)
             if self.position >= self.num_examples:
@@ -87,8 +92,10 @@ class BatchOrder:
 
     def load_state_dict(self, state: dict) -> None:
         if state["num_examples"] != self.num_examples:
-            raise UserError(f"The checkpoint was made with {state['num_examples']} training examples, the data now has "
-                            f"{self.num_examples}: use a new --checkpoint_dir (or checkpoint_s3_uri) for new data.")
+            raise UserError(
+                f"The checkpoint was made with {state['num_examples']} training examples, the data now has "
+                f"{self.num_examples}: use a new --checkpoint_dir (or checkpoint_s3_uri) for new data."
+            )
         self.epoch, self.position = state["epoch"], state["position"]
 
 
@@ -96,8 +103,8 @@ def shard_batch(indices: list[int], learners: Learners, micro_batch_size: int) -
     """Cut a global batch into micro-batches of ``micro_batch_size`` and deal them round-robin:
     learner ``r`` gets micro-batches r, r + world_size, ... (so every learner does the same number
     of accumulation steps when ``len(indices)`` is a multiple of world_size * micro_batch_size)."""
-    chunks = [indices[i:i + micro_batch_size] for i in range(0, len(indices), micro_batch_size)]
-    return chunks[learners.rank::learners.world_size]
+    chunks = [indices[i : i + micro_batch_size] for i in range(0, len(indices), micro_batch_size)]
+    return chunks[learners.rank :: learners.world_size]
 
 
 def evaluation_batches(num_examples: int, learners: Learners, micro_batch_size: int) -> list[tuple[list[int], bool]]:

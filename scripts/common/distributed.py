@@ -67,8 +67,7 @@ def configure_efa() -> dict[str, str]:
                 if key not in os.environ:
                     os.environ[key] = value
                     applied[key] = value
-            log.info("EFA settings for %s: %s", instance,
-                     " ".join(f"{k}={os.environ[k]}" for k in settings))
+            log.info("EFA settings for %s: %s", instance, " ".join(f"{k}={os.environ[k]}" for k in settings))
     return applied
 
 
@@ -90,8 +89,14 @@ def setup() -> Learners:
     if rank == 0:
         from common import contract
 
-        log.info("host %s of %s, instance %s, %d GPUs per host, %d learners in all",
-                 contract.current_host(), contract.hosts(), contract.instance_type(), contract.num_gpus(), world_size)
+        log.info(
+            "host %s of %s, instance %s, %d GPUs per host, %d learners in all",
+            contract.current_host(),
+            contract.hosts(),
+            contract.instance_type(),
+            contract.num_gpus(),
+            world_size,
+        )
     return Learners(rank=rank, world_size=world_size, local_rank=local_rank, device=device)
 
 
@@ -123,8 +128,11 @@ def wrap_model(model: torch.nn.Module, learners: Learners, strategy: str, activa
 
         if activation_checkpointing and hasattr(model, "gradient_checkpointing_enable"):
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-        policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) \
-            if learners.device.type == "cuda" else MixedPrecisionPolicy()
+        policy = (
+            MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+            if learners.device.type == "cuda"
+            else MixedPrecisionPolicy()
+        )
         for layer in decoder_layers(model):
             fully_shard(layer, mp_policy=policy)
         fully_shard(model, mp_policy=policy)

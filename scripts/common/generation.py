@@ -36,11 +36,22 @@ class HFGenerator:
     which it keeps, or after ``max_new_tokens``.
     """
 
-    def __init__(self, model, tokenizer, learners: distributed.Learners, *, max_new_tokens: int,
-                 temperature: float = 1.0, top_p: float = 1.0, stop_ids: list[int] | None = None):
+    def __init__(
+        self,
+        model,
+        tokenizer,
+        learners: distributed.Learners,
+        *,
+        max_new_tokens: int,
+        temperature: float = 1.0,
+        top_p: float = 1.0,
+        stop_ids: list[int] | None = None,
+    ):
         if max_new_tokens < 1 or temperature <= 0 or not 0 < top_p <= 1:
-            raise ValueError(f"max_new_tokens {max_new_tokens} must be at least 1, temperature {temperature} "
-                             f"positive and top_p {top_p} in (0, 1].")
+            raise ValueError(
+                f"max_new_tokens {max_new_tokens} must be at least 1, temperature {temperature} "
+                f"positive and top_p {top_p} in (0, 1]."
+            )
         self.model = model
         self.tokenizer = tokenizer
         self.learners = learners
@@ -55,15 +66,21 @@ class HFGenerator:
     def _generation_config(self, greedy: bool):
         from transformers import GenerationConfig
 
-        settings = dict(max_new_tokens=self.max_new_tokens, eos_token_id=self.stop_ids,
-                        pad_token_id=self.tokenizer.pad_token_id, repetition_penalty=1.0, do_sample=not greedy)
+        settings = dict(
+            max_new_tokens=self.max_new_tokens,
+            eos_token_id=self.stop_ids,
+            pad_token_id=self.tokenizer.pad_token_id,
+            repetition_penalty=1.0,
+            do_sample=not greedy,
+        )
         if not greedy:
             settings.update(temperature=self.temperature, top_k=0, top_p=self.top_p)
         return GenerationConfig(**settings)
 
     @torch.no_grad()
-    def generate(self, prompts: list[list[int]], num_generations: int = 1,
-                 greedy: bool = False) -> tuple[list[list[int]], list[str]]:
+    def generate(
+        self, prompts: list[list[int]], num_generations: int = 1, greedy: bool = False
+    ) -> tuple[list[list[int]], list[str]]:
         """``num_generations`` completions per prompt, ordered prompt by prompt: token ids (ending with
         the stop token when the model stopped) and decoded text."""
         rows = [ids for ids in prompts for _ in range(num_generations)]
@@ -77,14 +94,17 @@ class HFGenerator:
         model.generation_config = self._generation_config(greedy)
         try:
             with distributed.autocast(self.learners):
-                output = model.generate(input_ids=input_ids, attention_mask=attention_mask,
-                                        synced_gpus=self.synced_gpus)
+                output = model.generate(
+                    input_ids=input_ids, attention_mask=attention_mask, synced_gpus=self.synced_gpus
+                )
         finally:
             model.generation_config = saved_config
             model.train(was_training)
         completions = []
-        for row in output[:, input_ids.size(1):].tolist():
+        for row in output[:, input_ids.size(1) :].tolist():
             stop = next((i for i, token in enumerate(row) if token in self.stop_ids), None)
-            completions.append(row if stop is None else row[:stop + 1])  # keep the stop token: the model learns to stop
+            completions.append(
+                row if stop is None else row[: stop + 1]
+            )  # keep the stop token: the model learns to stop
         texts = self.tokenizer.batch_decode(completions, skip_special_tokens=True)
         return completions, texts

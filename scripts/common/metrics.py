@@ -88,5 +88,8 @@ class MetricLogger:
         eta = elapsed / done * max(self.max_steps - step, 0)
         percent = 100.0 * step / max(self.max_steps, 1)
         rate = f" tokens/s {self.tokens / elapsed:.0f}" if self.tokens and elapsed > 0 else ""
-        print(f"progress: step {step}/{self.max_steps} ({percent:.0f}%) elapsed {timedelta(seconds=round(elapsed))} "
-              f"eta {timedelta(seconds=round(eta))}{rate}", flush=True)
+        print(
+            f"progress: step {step}/{self.max_steps} ({percent:.0f}%) elapsed {timedelta(seconds=round(elapsed))} "
+            f"eta {timedelta(seconds=round(eta))}{rate}",
+            flush=True,
+        )

@@ -46,21 +46,28 @@ def resolve_model_path(name_or_path: str, option: str = "--model_name_or_path", 
     channel = os.environ.get("SM_CHANNEL_MODEL") if use_channel else None
     if channel:
         if not (Path(channel) / "config.json").is_file():
-            raise UserError(f"The 'model' channel ({channel}) has no config.json: give it a folder written by "
-                            f"save_pretrained (config.json, *.safetensors, tokenizer files) or one training "
-                            f"job's model.tar.gz.")
+            raise UserError(
+                f"The 'model' channel ({channel}) has no config.json: give it a folder written by "
+                f"save_pretrained (config.json, *.safetensors, tokenizer files) or one training "
+                f"job's model.tar.gz."
+            )
         log.info("model from the 'model' channel: %s (overrides --model_name_or_path %s)", channel, name_or_path)
         return channel
-    looks_local = (name_or_path.startswith(("/", "./", "../", "~")) or name_or_path.count("/") > 1
-                   or os.path.exists(name_or_path))
+    looks_local = (
+        name_or_path.startswith(("/", "./", "../", "~")) or name_or_path.count("/") > 1 or os.path.exists(name_or_path)
+    )
     if looks_local:
         path = Path(name_or_path).expanduser()
         if not path.exists():
-            raise UserError(f"{option} {name_or_path}: no such folder. Give an existing folder, a hub id "
-                            f"such as Qwen/Qwen2.5-0.5B-Instruct, or the weights as the 'model' channel.")
+            raise UserError(
+                f"{option} {name_or_path}: no such folder. Give an existing folder, a hub id "
+                f"such as Qwen/Qwen2.5-0.5B-Instruct, or the weights as the 'model' channel."
+            )
         if not (path / "config.json").is_file():
-            raise UserError(f"{option} {name_or_path}: the folder has no config.json "
-                            f"(expected a folder written by save_pretrained).")
+            raise UserError(
+                f"{option} {name_or_path}: the folder has no config.json "
+                f"(expected a folder written by save_pretrained)."
+            )
         return str(path)
     return name_or_path
 
@@ -130,8 +137,10 @@ def _add_spellings_of_4(config: dict, tokenizer_config: dict) -> list[str]:
     missing = []
     rope = config.get("rope_parameters")
     if isinstance(rope, dict) and "rope_theta" in rope and "rope_theta" not in config:
-        missing.append(f"config.json has rope_parameters but no rope_theta (transformers 4 would use "
-                       f"rope_theta 10000 instead of {rope['rope_theta']})")
+        missing.append(
+            f"config.json has rope_parameters but no rope_theta (transformers 4 would use "
+            f"rope_theta 10000 instead of {rope['rope_theta']})"
+        )
         config["rope_theta"] = rope["rope_theta"]
         if rope.get("rope_type", "default") != "default":
             config["rope_scaling"] = {key: value for key, value in rope.items() if key != "rope_theta"}
@@ -164,8 +173,9 @@ def _check_readable_here(path: str) -> None:
     if _transformers_version() >= (5, 0) or not Path(path).is_dir():
         return
     folder = Path(path)
-    problems = _add_spellings_of_4(_read_json(folder / "config.json") or {},
-                                   _read_json(folder / "tokenizer_config.json") or {})
+    problems = _add_spellings_of_4(
+        _read_json(folder / "config.json") or {}, _read_json(folder / "tokenizer_config.json") or {}
+    )
     if problems:
         import transformers
 
@@ -174,7 +184,8 @@ def _check_readable_here(path: str) -> None:
             f"{transformers.__version__}: " + "; ".join(problems) + ". Add the 4.x keys to the folder "
             "before uploading it (5 reads them too): add_transformers_4_keys(folder) in "
             "scripts/common/models.py does, and the scripts' save_final_model calls it. Or run the job "
-            "on transformers 5 (the PyTorch image, which installs scripts/requirements.txt).")
+            "on transformers 5 (the PyTorch image, which installs scripts/requirements.txt)."
+        )
 
 
 def load_tokenizer(path: str):
@@ -248,8 +259,10 @@ def build_optimizer(model, lr: float, weight_decay: float, betas: tuple[float, f
     """AdamW over the trainable parameters, with weight decay on matrices only (decaying biases and
     norm gains hurts)."""
     trainable = [p for p in model.parameters() if p.requires_grad]
-    groups = [{"params": [p for p in trainable if p.ndim >= 2], "weight_decay": weight_decay},
-              {"params": [p for p in trainable if p.ndim < 2], "weight_decay": 0.0}]
+    groups = [
+        {"params": [p for p in trainable if p.ndim >= 2], "weight_decay": weight_decay},
+        {"params": [p for p in trainable if p.ndim < 2], "weight_decay": 0.0},
+    ]
     return torch.optim.AdamW(groups, lr=lr, betas=betas)
 
 
@@ -288,8 +301,10 @@ def save_final_model(model, tokenizer, out_dir: str | Path, learners: Learners) 
             state = module.state_dict()
         for name in _tied_weight_names(module):  # saved once, as the weight it is tied to
             state.pop(name, None)
-        state = {name: tensor.detach().to("cpu", save_dtype) if tensor.is_floating_point() else tensor.detach().cpu()
-                 for name, tensor in state.items()}
+        state = {
+            name: tensor.detach().to("cpu", save_dtype) if tensor.is_floating_point() else tensor.detach().cpu()
+            for name, tensor in state.items()
+        }
         module.save_pretrained(out_dir, state_dict=state, safe_serialization=True)
         tokenizer.save_pretrained(out_dir)
         add_transformers_4_keys(out_dir)  # the next job may run on the Hugging Face image's 4.56

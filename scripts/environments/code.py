@@ -38,16 +38,28 @@ import zlib
 from collections import Counter
 from collections.abc import Callable
 
-SYSTEM_PROMPT = ("You are an expert competitive programmer. Solve the problem in Python 3. Think briefly, then "
-                 "give the complete solution in one ```python code block.")
-VERDICTS = ("accepted", "wrong_answer", "time_limit", "memory_limit", "output_limit", "runtime_error",
-            "sandbox_violation", "no_code", "judge_error")
+SYSTEM_PROMPT = (
+    "You are an expert competitive programmer. Solve the problem in Python 3. Think briefly, then "
+    "give the complete solution in one ```python code block."
+)
+VERDICTS = (
+    "accepted",
+    "wrong_answer",
+    "time_limit",
+    "memory_limit",
+    "output_limit",
+    "runtime_error",
+    "sandbox_violation",
+    "no_code",
+    "judge_error",
+)
 _FENCE = re.compile(r"```[^\n`]*\n(.*?)```", re.DOTALL)
 
 Judge = Callable[[list[tuple[dict, str]], str], list[dict]]
 
 
 # --------------------------------------------------------------------------- programs
+
 
 def extract_program(completion: str) -> str | None:
     """The last closed fenced code block of the completion, or None."""
@@ -56,6 +68,7 @@ def extract_program(completion: str) -> str | None:
 
 
 # --------------------------------------------------------------------------- public layouts
+
 
 def _text(value) -> str:
     """A test's input or output as text (some sets store a list of lines)."""
@@ -68,12 +81,28 @@ def _text(value) -> str:
 
 def _pickled_string(payload: bytes) -> str:
     """The string a pickle holds, read from its opcodes without running it (no unpickling)."""
-    strings, allowed = [], {"PROTO", "FRAME", "MEMOIZE", "STOP", "SHORT_BINUNICODE", "BINUNICODE",
-                            "BINUNICODE8", "UNICODE", "PUT", "BINPUT", "LONG_BINPUT"}
+    strings, allowed = (
+        [],
+        {
+            "PROTO",
+            "FRAME",
+            "MEMOIZE",
+            "STOP",
+            "SHORT_BINUNICODE",
+            "BINUNICODE",
+            "BINUNICODE8",
+            "UNICODE",
+            "PUT",
+            "BINPUT",
+            "LONG_BINPUT",
+        },
+    )
     for opcode, argument, _ in pickletools.genops(payload):
         if opcode.name not in allowed:
-            raise ValueError(f"compressed test cases hold a pickle with opcode {opcode.name}, not a plain string; "
-                             "refusing to unpickle data set content")
+            raise ValueError(
+                f"compressed test cases hold a pickle with opcode {opcode.name}, not a plain string; "
+                "refusing to unpickle data set content"
+            )
         if isinstance(argument, str) and "UNICODE" in opcode.name:
             strings.append(argument)
     if len(strings) != 1:
@@ -93,7 +122,9 @@ def _livecodebench_cases(field) -> list[dict]:
     try:
         return json.loads(_pickled_string(zlib.decompress(base64.b64decode(field))))
     except (ValueError, zlib.error) as error:
-        raise ValueError(f"private_test_cases is neither JSON nor base64+zlib of a pickled JSON string ({error})") from None
+        raise ValueError(
+            f"private_test_cases is neither JSON nor base64+zlib of a pickled JSON string ({error})"
+        ) from None
 
 
 def _from_livecodebench(row: dict) -> dict:
@@ -101,8 +132,12 @@ def _from_livecodebench(row: dict) -> dict:
     if not cases:
         raise ValueError("no test cases in public_test_cases/private_test_cases")
     testtype = cases[0].get("testtype", "stdin")
-    problem = {"id": str(row.get("question_id", row.get("question_title", ""))), "statement": row["question_content"],
-               "testtype": testtype, "starter_code": row.get("starter_code") or ""}
+    problem = {
+        "id": str(row.get("question_id", row.get("question_title", ""))),
+        "statement": row["question_content"],
+        "testtype": testtype,
+        "starter_code": row.get("starter_code") or "",
+    }
     if testtype == "functional":
         metadata = row.get("metadata") or {}
         metadata = json.loads(metadata) if isinstance(metadata, str) else metadata
@@ -110,8 +145,13 @@ def _from_livecodebench(row: dict) -> dict:
             raise ValueError("functional problem without metadata.func_name")
         problem["fn_name"] = metadata["func_name"]
         # LiveCodeBench writes one JSON value per line, one line per argument.
-        problem["tests"] = [{"input": json.dumps([json.loads(line) for line in case["input"].split("\n") if line.strip()]),
-                             "output": case["output"]} for case in cases]
+        problem["tests"] = [
+            {
+                "input": json.dumps([json.loads(line) for line in case["input"].split("\n") if line.strip()]),
+                "output": case["output"],
+            }
+            for case in cases
+        ]
     else:
         problem["tests"] = [{"input": case["input"], "output": case["output"]} for case in cases]
     return problem
@@ -134,14 +174,21 @@ def _from_apps(row: dict) -> dict:
     inputs, outputs = spec.get("inputs") or [], spec.get("outputs") or []
     if len(inputs) != len(outputs):
         raise ValueError(f"input_output: {len(inputs)} inputs but {len(outputs)} outputs")
-    problem = {"id": str(row.get("problem_id", row.get("id", ""))), "statement": row["question"],
-               "starter_code": row.get("starter_code") or ""}
+    problem = {
+        "id": str(row.get("problem_id", row.get("id", ""))),
+        "statement": row["question"],
+        "starter_code": row.get("starter_code") or "",
+    }
     if spec.get("fn_name"):
         problem.update(testtype="functional", fn_name=spec["fn_name"])
         # APPS wraps each expected return value in a one-element list.
-        problem["tests"] = [{"input": json.dumps(i if isinstance(i, list) else [i]),
-                             "output": json.dumps(o[0] if isinstance(o, list) and len(o) == 1 else o)}
-                            for i, o in zip(inputs, outputs, strict=True)]
+        problem["tests"] = [
+            {
+                "input": json.dumps(i if isinstance(i, list) else [i]),
+                "output": json.dumps(o[0] if isinstance(o, list) and len(o) == 1 else o),
+            }
+            for i, o in zip(inputs, outputs, strict=True)
+        ]
     else:
         problem.update(testtype="stdin")
         problem["tests"] = [{"input": _text(i), "output": _text(o)} for i, o in zip(inputs, outputs, strict=True)]
@@ -159,8 +206,10 @@ def normalize_problem(row: dict) -> dict:
     elif "question" in row and "input_output" in row:
         problem = _from_apps(row)
     else:
-        raise ValueError(f"unknown problem layout (fields {sorted(row)}); expected the project's "
-                         "{id, statement, testtype, tests} or code_contests / APPS / TACO / LiveCodeBench rows")
+        raise ValueError(
+            f"unknown problem layout (fields {sorted(row)}); expected the project's "
+            "{id, statement, testtype, tests} or code_contests / APPS / TACO / LiveCodeBench rows"
+        )
     problem.setdefault("testtype", "stdin")
     if problem["testtype"] not in ("stdin", "functional"):
         raise ValueError(f"field 'testtype' must be 'stdin' or 'functional', got {problem['testtype']!r}")
@@ -169,7 +218,11 @@ def normalize_problem(row: dict) -> dict:
     if not isinstance(problem.get("tests"), list) or not problem["tests"]:
         raise ValueError("field 'tests' must be a non-empty list of {input, output}")
     for index, test in enumerate(problem["tests"]):
-        if not isinstance(test, dict) or not isinstance(test.get("input"), str) or not isinstance(test.get("output"), str):
+        if (
+            not isinstance(test, dict)
+            or not isinstance(test.get("input"), str)
+            or not isinstance(test.get("output"), str)
+        ):
             raise ValueError(f"tests[{index}] must be {{'input': str, 'output': str}}")
         if problem["testtype"] == "functional":
             try:
@@ -182,6 +235,7 @@ def normalize_problem(row: dict) -> dict:
 
 
 # --------------------------------------------------------------------------- the environment
+
 
 class CodeEnvironment:
     """Code problems judged in a sandbox (see ``environments/__init__.py`` for the protocol).
@@ -210,19 +264,23 @@ class CodeEnvironment:
         problems = [normalize_problem(row) for row in rows]
         if self.max_tests:
             for problem in problems:
-                problem["tests"] = problem["tests"][:self.max_tests]
+                problem["tests"] = problem["tests"][: self.max_tests]
         return problems
 
     def prompt_messages(self, example: dict) -> list[dict]:
         if example["testtype"] == "functional":
-            task = (f"Write a Python function `{example['fn_name']}` (a plain function, or a method of "
-                    f"`class Solution`); it is called with the test's arguments and its return value is checked.")
+            task = (
+                f"Write a Python function `{example['fn_name']}` (a plain function, or a method of "
+                f"`class Solution`); it is called with the test's arguments and its return value is checked."
+            )
             if example.get("starter_code"):
                 task += f"\nStart from:\n```python\n{example['starter_code']}\n```"
         else:
             task = "Read the input from standard input and print the answer to standard output."
-        return [{"role": "system", "content": SYSTEM_PROMPT},
-                {"role": "user", "content": f"{example['statement']}\n\n{task}"}]
+        return [
+            {"role": "system", "content": SYSTEM_PROMPT},
+            {"role": "user", "content": f"{example['statement']}\n\n{task}"},
+        ]
 
     def score(self, examples: list[dict], completions: list[str]) -> list[dict]:
         if self.judge is None:
@@ -230,8 +288,11 @@ class CodeEnvironment:
         started = time.perf_counter()
         programs = [extract_program(c) for c in completions]
         # The judge needs only what it runs: never the statement, and only this problem's tests.
-        items = [({k: example[k] for k in ("testtype", "fn_name", "float_tolerance", "tests") if k in example}, program)
-                 for example, program in zip(examples, programs, strict=True) if program is not None]
+        items = [
+            ({k: example[k] for k in ("testtype", "fn_name", "float_tolerance", "tests") if k in example}, program)
+            for example, program in zip(examples, programs, strict=True)
+            if program is not None
+        ]
         judged = iter(self.judge(items, self.reward_mode) if items else [])
         scores = []
         for example, program in zip(examples, programs, strict=True):
@@ -265,8 +326,17 @@ def verdict_stats(scores: list[dict], judge_time: float) -> dict[str, float]:
 
 def local_judge(sandbox) -> Judge:
     """A judge running programs in ``sandbox`` (a started ``sandbox.Sandbox``) in this process."""
+
     def judge(items: list[tuple[dict, str]], reward_mode: str) -> list[dict]:
-        return [{"verdict": j.verdict, "reward": j.reward, "passed": j.passed, "total": j.total,
-                 "detail": next((o.detail for o in j.outcomes if o.verdict == j.verdict and o.detail), "")[:300]}
-                for j in sandbox.judge_many(items, reward_mode)]
+        return [
+            {
+                "verdict": j.verdict,
+                "reward": j.reward,
+                "passed": j.passed,
+                "total": j.total,
+                "detail": next((o.detail for o in j.outcomes if o.verdict == j.verdict and o.detail), "")[:300],
+            }
+            for j in sandbox.judge_many(items, reward_mode)
+        ]
+
     return judge

@@ -98,7 +98,9 @@ def _check_row(row: dict) -> None:
     if "####" not in row["answer"]:
         raise ValueError("field 'answer' has no '#### <number>' line; GSM8K answers end with '#### <final number>'.")
     if parse_number(reference_answer(row["answer"])) is None:
-        raise ValueError(f"field 'answer': the text after '####' ({reference_answer(row['answer'])!r}) is not a number.")
+        raise ValueError(
+            f"field 'answer': the text after '####' ({reference_answer(row['answer'])!r}) is not a number."
+        )
 
 
 class GSM8KEnvironment:
@@ -119,11 +121,13 @@ class GSM8KEnvironment:
         for example, completion in zip(examples, completions, strict=True):
             reference = reference_answer(example["answer"])
             correct = is_correct(completion, reference)
-            scores.append({
-                "reward": 1.0 if correct else 0.0,
-                "correct": correct,
-                "format_reward": 1.0 if has_final_line(completion) else 0.0,
-                "extracted": extract_answer(completion),
-                "reference": reference,
-            })
+            scores.append(
+                {
+                    "reward": 1.0 if correct else 0.0,
+                    "correct": correct,
+                    "format_reward": 1.0 if has_final_line(completion) else 0.0,
+                    "extracted": extract_answer(completion),
+                    "reference": reference,
+                }
+            )
         return scores

@@ -51,6 +51,7 @@ PROBE_TIMEOUT = 5.0  # seconds for /ready and /stop; judging has its own timeout
 
 # --------------------------------------------------------------------------- judge host
 
+
 def listen(port: int) -> socket.socket:
     """The judge's listening socket on every interface (the learners connect by host name)."""
     listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
@@ -59,8 +60,10 @@ def listen(port: int) -> socket.socket:
         listener.bind(("", port))
     except OSError as error:
         listener.close()
-        raise UserError(f"The judge cannot listen on port {port}: {error}. Choose another --judge_port "
-                        "(each judge host uses --judge_port + its index in the judge group).") from error
+        raise UserError(
+            f"The judge cannot listen on port {port}: {error}. Choose another --judge_port "
+            "(each judge host uses --judge_port + its index in the judge group)."
+        ) from error
     listener.listen(128)
     return listener
 
@@ -147,14 +150,17 @@ def supervise(listener: socket.socket, service: Callable[[socket.socket], None],
             return
         how = f"killed by signal {-child.exitcode}" if child.exitcode < 0 else f"exit code {child.exitcode}"
         if attempt < MAX_RESTARTS:
-            log.warning("judge service pid %d died (%s); restarting it (%d of %d)", child.pid, how, attempt + 1,
-                        MAX_RESTARTS)
-    log.error("judge service died %d times; this host judges no more and waits for the learners' stop",
-              MAX_RESTARTS + 1)
+            log.warning(
+                "judge service pid %d died (%s); restarting it (%d of %d)", child.pid, how, attempt + 1, MAX_RESTARTS
+            )
+    log.error(
+        "judge service died %d times; this host judges no more and waits for the learners' stop", MAX_RESTARTS + 1
+    )
     serve(listener, None, {}, idle_timeout)
 
 
 # --------------------------------------------------------------------------- learner
+
 
 class JudgeUnavailable(Exception):
     """A judge did not answer, or answered with an error: its programs go to the others."""
@@ -213,8 +219,10 @@ class RemoteJudges:
                     break
                 except JudgeUnavailable as error:
                     if time.monotonic() > deadline:
-                        raise UserError(f"Judge {judge} did not answer within {timeout:.0f} s (--judge_timeout): "
-                                        f"{error}. Its log says why (self-test, port, start-up).") from error
+                        raise UserError(
+                            f"Judge {judge} did not answer within {timeout:.0f} s (--judge_timeout): "
+                            f"{error}. Its log says why (self-test, port, start-up)."
+                        ) from error
                     time.sleep(1.0)
             judge.workers = info["workers"]
             log.info("judge %s ready: %s", judge, info["sandbox"])
@@ -231,9 +239,11 @@ class RemoteJudges:
                 future = self.pool.submit(judge.judge, [items[i] for i in chunk], reward_mode, self.verdict_timeout)
                 running[future] = (judge, chunk)
             if not running:
-                raise UserError(f"Every judge is gone ({', '.join(map(str, self.judges))}); "
-                                f"{sum(map(len, pending))} programs of this step have no verdict. "
-                                "The judge hosts' logs say why.")
+                raise UserError(
+                    f"Every judge is gone ({', '.join(map(str, self.judges))}); "
+                    f"{sum(map(len, pending))} programs of this step have no verdict. "
+                    "The judge hosts' logs say why."
+                )
             done, _ = wait(running, return_when=FIRST_COMPLETED)
             for future in done:
                 judge, chunk = running.pop(future)
@@ -241,8 +251,13 @@ class RemoteJudges:
                     verdicts = future.result()
                 except JudgeUnavailable as error:
                     self.live.remove(judge)
-                    log.warning("judge %s failed (%s): its %d programs go to the %d other judge(s)", judge, error,
-                                len(chunk), len(self.live))
+                    log.warning(
+                        "judge %s failed (%s): its %d programs go to the %d other judge(s)",
+                        judge,
+                        error,
+                        len(chunk),
+                        len(self.live),
+                    )
                     pending.appendleft(chunk)
                     continue
                 for index, verdict in zip(chunk, verdicts, strict=True):

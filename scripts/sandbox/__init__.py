@@ -9,5 +9,15 @@ applied, ``forkserver.py`` for what a test inherits, ``checker.py`` for how outp
 from .judge import ACCEPTED, REWARD_MODES, VERDICTS, Judgement, Limits, Sandbox, SandboxError, TestOutcome
 from .selftest import SandboxEscape, run_selftest
 
-__all__ = ["ACCEPTED", "REWARD_MODES", "VERDICTS", "Judgement", "Limits", "Sandbox", "SandboxError",
-           "TestOutcome", "SandboxEscape", "run_selftest"]
+__all__ = [
+    "ACCEPTED",
+    "REWARD_MODES",
+    "VERDICTS",
+    "Judgement",
+    "Limits",
+    "Sandbox",
+    "SandboxError",
+    "TestOutcome",
+    "SandboxEscape",
+    "run_selftest",
+]

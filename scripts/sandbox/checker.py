@@ -57,10 +57,12 @@ def values_match(expected, actual, float_tolerance: bool) -> bool:
         return expected == actual  # exact, as Python compares an int with a float
     if isinstance(expected, list) and isinstance(actual, list):
         return len(expected) == len(actual) and all(
-            values_match(e, a, float_tolerance) for e, a in zip(expected, actual, strict=True))
+            values_match(e, a, float_tolerance) for e, a in zip(expected, actual, strict=True)
+        )
     if isinstance(expected, dict) and isinstance(actual, dict):
         return expected.keys() == actual.keys() and all(
-            values_match(expected[k], actual[k], float_tolerance) for k in expected)
+            values_match(expected[k], actual[k], float_tolerance) for k in expected
+        )
     return type(expected) is type(actual) and expected == actual
 
 

@@ -84,8 +84,10 @@ def set_not_dumpable() -> None:
 
 # --------------------------------------------------------------------------- rlimits, uid
 
-def apply_rlimits(cpu_seconds: int, address_space_bytes: int, output_bytes: int,
-                  open_files: int, processes: int | None) -> None:
+
+def apply_rlimits(
+    cpu_seconds: int, address_space_bytes: int, output_bytes: int, open_files: int, processes: int | None
+) -> None:
     resource.setrlimit(resource.RLIMIT_CPU, (cpu_seconds, cpu_seconds + 1))
     resource.setrlimit(resource.RLIMIT_AS, (address_space_bytes, address_space_bytes))
     resource.setrlimit(resource.RLIMIT_FSIZE, (output_bytes, output_bytes))
@@ -105,9 +107,13 @@ def drop_to_uid(uid: int) -> None:
 
 # --------------------------------------------------------------------------- landlock
 
+
 class _RulesetAttr(ctypes.Structure):
-    _fields_ = [("handled_access_fs", ctypes.c_uint64), ("handled_access_net", ctypes.c_uint64),
-                ("scoped", ctypes.c_uint64)]
+    _fields_ = [
+        ("handled_access_fs", ctypes.c_uint64),
+        ("handled_access_net", ctypes.c_uint64),
+        ("scoped", ctypes.c_uint64),
+    ]
 
 
 class _PathBeneathAttr(ctypes.Structure):
@@ -117,8 +123,9 @@ class _PathBeneathAttr(ctypes.Structure):
 
 def landlock_abi() -> int:
     """The kernel's Landlock ABI version, 0 when it has none (old kernel, or disabled at boot)."""
-    version = _libc.syscall(SYS_LANDLOCK_CREATE_RULESET, None, ctypes.c_size_t(0),
-                            ctypes.c_uint32(LANDLOCK_CREATE_RULESET_VERSION))
+    version = _libc.syscall(
+        SYS_LANDLOCK_CREATE_RULESET, None, ctypes.c_size_t(0), ctypes.c_uint32(LANDLOCK_CREATE_RULESET_VERSION)
+    )
     return max(int(version), 0)
 
 
@@ -128,12 +135,27 @@ def _fs_rights(abi: int) -> int:
 
 def runtime_read_paths() -> list[str]:
     """What a Python program needs to read: the interpreter, its libraries, a few system files."""
-    candidates = [sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix,
-                  os.path.dirname(os.path.realpath(sys.executable)),
-                  *[p for p in sys.path if p],
-                  "/usr/lib", "/usr/lib64", "/usr/local/lib", "/lib", "/lib64", "/usr/share/zoneinfo",
-                  "/etc/ld.so.cache", "/etc/localtime", "/dev/null", "/dev/zero", "/dev/urandom",
-                  "/sys/devices/system/cpu", "/proc/cpuinfo"]
+    candidates = [
+        sys.prefix,
+        sys.base_prefix,
+        sys.exec_prefix,
+        sys.base_exec_prefix,
+        os.path.dirname(os.path.realpath(sys.executable)),
+        *[p for p in sys.path if p],
+        "/usr/lib",
+        "/usr/lib64",
+        "/usr/local/lib",
+        "/lib",
+        "/lib64",
+        "/usr/share/zoneinfo",
+        "/etc/ld.so.cache",
+        "/etc/localtime",
+        "/dev/null",
+        "/dev/zero",
+        "/dev/urandom",
+        "/sys/devices/system/cpu",
+        "/proc/cpuinfo",
+    ]
     paths = []
     for path in candidates:
         real = os.path.realpath(path)
@@ -148,12 +170,13 @@ def landlock_ruleset(abi: int, read_paths: list[str], write_dir: str) -> int:
     Built once by the fork server; each child only enforces it (``landlock_enforce``).
     """
     fs_rights = _fs_rights(abi)
-    attr = _RulesetAttr(handled_access_fs=fs_rights,
-                        handled_access_net=(NET_BIND_TCP | NET_CONNECT_TCP) if abi >= 4 else 0,
-                        scoped=(SCOPE_ABSTRACT_UNIX_SOCKET | SCOPE_SIGNAL) if abi >= 6 else 0)
+    attr = _RulesetAttr(
+        handled_access_fs=fs_rights,
+        handled_access_net=(NET_BIND_TCP | NET_CONNECT_TCP) if abi >= 4 else 0,
+        scoped=(SCOPE_ABSTRACT_UNIX_SOCKET | SCOPE_SIGNAL) if abi >= 6 else 0,
+    )
     size = 8 if abi < 4 else (16 if abi < 6 else 24)
-    ruleset = _libc.syscall(SYS_LANDLOCK_CREATE_RULESET, ctypes.byref(attr), ctypes.c_size_t(size),
-                            ctypes.c_uint32(0))
+    ruleset = _libc.syscall(SYS_LANDLOCK_CREATE_RULESET, ctypes.byref(attr), ctypes.c_size_t(size), ctypes.c_uint32(0))
     if ruleset < 0:
         raise OSError(ctypes.get_errno(), "landlock_create_ruleset failed")
     read_rights = FS_EXECUTE | FS_READ_FILE | FS_READ_DIR
@@ -163,9 +186,16 @@ def landlock_ruleset(abi: int, read_paths: list[str], write_dir: str) -> int:
             if not os.path.isdir(path):
                 rights &= FS_FILE_ONLY
             rule = _PathBeneathAttr(allowed_access=rights & fs_rights, parent_fd=fd)
-            if _libc.syscall(SYS_LANDLOCK_ADD_RULE, ctypes.c_int(ruleset),
-                             ctypes.c_int(LANDLOCK_RULE_PATH_BENEATH), ctypes.byref(rule),
-                             ctypes.c_uint32(0)) != 0:
+            if (
+                _libc.syscall(
+                    SYS_LANDLOCK_ADD_RULE,
+                    ctypes.c_int(ruleset),
+                    ctypes.c_int(LANDLOCK_RULE_PATH_BENEATH),
+                    ctypes.byref(rule),
+                    ctypes.c_uint32(0),
+                )
+                != 0
+            ):
                 os.close(ruleset)
                 raise OSError(ctypes.get_errno(), f"landlock_add_rule failed for {path}")
         finally:
@@ -182,6 +212,7 @@ def landlock_enforce(ruleset: int) -> None:
 
 # --------------------------------------------------------------------------- seccomp
 
+
 def seccomp_module():
     """``pyseccomp`` when it and libseccomp.so.2 load, else the reason why not (a string)."""
     try:
@@ -189,32 +220,110 @@ def seccomp_module():
     except ImportError as exc:
         return f"the pyseccomp package is missing ({exc}); pip install pyseccomp"
     except (OSError, RuntimeError) as exc:
-        return (f"libseccomp.so.2 could not be loaded ({exc}); install it in the image "
-                f"(Debian/Ubuntu: apt-get install libseccomp2)")
+        return (
+            f"libseccomp.so.2 could not be loaded ({exc}); install it in the image "
+            f"(Debian/Ubuntu: apt-get install libseccomp2)"
+        )
     return pyseccomp
 
 
 # Killed outright: nothing a contest solution needs, everything an escape does.
 DENIED_SYSCALLS = [
     # processes, sessions, tracing
-    "fork", "vfork", "setsid", "setpgid", "ptrace", "process_vm_readv", "process_vm_writev",
-    "pidfd_open", "pidfd_send_signal", "pidfd_getfd", "tkill", "kcmp",
+    "fork",
+    "vfork",
+    "setsid",
+    "setpgid",
+    "ptrace",
+    "process_vm_readv",
+    "process_vm_writev",
+    "pidfd_open",
+    "pidfd_send_signal",
+    "pidfd_getfd",
+    "tkill",
+    "kcmp",
     # networking beyond a socketpair
-    "connect", "bind", "listen", "accept", "accept4", "sendmsg", "sendmmsg",
-    "io_uring_setup", "io_uring_enter", "io_uring_register",
+    "connect",
+    "bind",
+    "listen",
+    "accept",
+    "accept4",
+    "sendmsg",
+    "sendmmsg",
+    "io_uring_setup",
+    "io_uring_enter",
+    "io_uring_register",
     # namespaces, mounts, kernel objects
-    "unshare", "setns", "mount", "umount2", "pivot_root", "chroot", "bpf", "perf_event_open",
-    "keyctl", "add_key", "request_key", "userfaultfd", "open_by_handle_at", "name_to_handle_at",
-    "fsopen", "fsmount", "fsconfig", "move_mount", "open_tree", "mount_setattr",
-    "kexec_load", "kexec_file_load", "init_module", "finit_module", "delete_module", "reboot",
-    "swapon", "swapoff", "acct", "quotactl",
+    "unshare",
+    "setns",
+    "mount",
+    "umount2",
+    "pivot_root",
+    "chroot",
+    "bpf",
+    "perf_event_open",
+    "keyctl",
+    "add_key",
+    "request_key",
+    "userfaultfd",
+    "open_by_handle_at",
+    "name_to_handle_at",
+    "fsopen",
+    "fsmount",
+    "fsconfig",
+    "move_mount",
+    "open_tree",
+    "mount_setattr",
+    "kexec_load",
+    "kexec_file_load",
+    "init_module",
+    "finit_module",
+    "delete_module",
+    "reboot",
+    "swapon",
+    "swapoff",
+    "acct",
+    "quotactl",
     # memory that outlives the process or escapes RLIMIT_AS
-    "shmget", "shmat", "msgget", "semget", "mq_open", "memfd_create",
+    "shmget",
+    "shmat",
+    "msgget",
+    "semget",
+    "mq_open",
+    "memfd_create",
     # changing the file tree (seccomp cannot see paths, so nowhere)
-    "creat", "rename", "renameat", "renameat2", "unlink", "unlinkat", "mkdir", "mkdirat", "rmdir",
-    "link", "linkat", "symlink", "symlinkat", "chmod", "fchmod", "fchmodat", "chown", "fchown",
-    "lchown", "fchownat", "mknod", "mknodat", "truncate", "utime", "utimes", "utimensat",
-    "futimesat", "setxattr", "lsetxattr", "fsetxattr", "removexattr", "lremovexattr",
+    "creat",
+    "rename",
+    "renameat",
+    "renameat2",
+    "unlink",
+    "unlinkat",
+    "mkdir",
+    "mkdirat",
+    "rmdir",
+    "link",
+    "linkat",
+    "symlink",
+    "symlinkat",
+    "chmod",
+    "fchmod",
+    "fchmodat",
+    "chown",
+    "fchown",
+    "lchown",
+    "fchownat",
+    "mknod",
+    "mknodat",
+    "truncate",
+    "utime",
+    "utimes",
+    "utimensat",
+    "futimesat",
+    "setxattr",
+    "lsetxattr",
+    "fsetxattr",
+    "removexattr",
+    "lremovexattr",
     "fremovexattr",
 ]
 AF_UNIX = 1
@@ -271,8 +380,11 @@ def seccomp_program(pyseccomp) -> bytes:
 
 def placeholder_offsets(program: bytes) -> list[int]:
     """Where the pid goes: the byte offsets of the ``k`` fields holding ``PID_PLACEHOLDER``."""
-    return [i + 4 for i in range(0, len(program), 8)
-            if int.from_bytes(program[i + 4:i + 8], sys.byteorder) == PID_PLACEHOLDER]
+    return [
+        i + 4
+        for i in range(0, len(program), 8)
+        if int.from_bytes(program[i + 4 : i + 8], sys.byteorder) == PID_PLACEHOLDER
+    ]
 
 
 def load_seccomp_program(program: bytes, offsets: list[int], own_pid: int) -> None:
@@ -280,7 +392,7 @@ def load_seccomp_program(program: bytes, offsets: list[int], own_pid: int) -> No
     patched = bytearray(program)
     pid = own_pid.to_bytes(4, sys.byteorder)
     for offset in offsets:
-        patched[offset:offset + 4] = pid
+        patched[offset : offset + 4] = pid
     buffer = (ctypes.c_char * len(patched)).from_buffer(patched)
     fprog = _SockFprog(len(patched) // 8, ctypes.cast(buffer, ctypes.c_void_p))
     set_no_new_privs()
@@ -310,7 +422,7 @@ def view_path(views: dict[str, int], path: str) -> str:
     """``path`` as seen through the view of the folder holding it (``/proc/self/fd/N/...``)."""
     for root, fd in sorted(views.items(), key=lambda item: len(item[0]), reverse=True):
         if path == root or path.startswith(root.rstrip(os.sep) + os.sep):
-            return f"/proc/self/fd/{fd}{path[len(root):]}"
+            return f"/proc/self/fd/{fd}{path[len(root) :]}"
     return path
 
 
@@ -387,6 +499,7 @@ def private_folders(path: str) -> list[str]:
 
 # --------------------------------------------------------------------------- probes
 
+
 def probe_layers(uid: int | None) -> dict[str, tuple[bool, str]]:
     """Which layers this machine offers: {layer: (available, detail)}. Starts no process."""
     layers: dict[str, tuple[bool, str]] = {}
@@ -394,15 +507,20 @@ def probe_layers(uid: int | None) -> dict[str, tuple[bool, str]]:
     if os.geteuid() == 0 and uid is not None:
         layers["uid"] = (True, f"root drops to per-worker uids from {uid}")
     else:
-        layers["uid"] = (False, "not root: programs keep the trainer's uid (file permissions of "
-                                "that uid apply; signals and ptrace rest on seccomp/landlock)")
+        layers["uid"] = (
+            False,
+            "not root: programs keep the trainer's uid (file permissions of "
+            "that uid apply; signals and ptrace rest on seccomp/landlock)",
+        )
     abi = landlock_abi()
     if abi:
         extras = (["tcp"] if abi >= 4 else []) + (["signals", "abstract sockets"] if abi >= 6 else [])
         layers["landlock"] = (True, f"ABI {abi}: filesystem" + "".join(f", {x}" for x in extras))
     else:
-        layers["landlock"] = (False, "kernel has no Landlock (needs Linux 5.13+ with "
-                                     "CONFIG_SECURITY_LANDLOCK and lsm=landlock)")
+        layers["landlock"] = (
+            False,
+            "kernel has no Landlock (needs Linux 5.13+ with CONFIG_SECURITY_LANDLOCK and lsm=landlock)",
+        )
     module = seccomp_module()
     if isinstance(module, str):
         layers["seccomp"] = (False, module)

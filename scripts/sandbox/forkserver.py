@@ -57,17 +57,51 @@ import confine  # noqa: E402
 
 del sys.path[0]  # the program must not find the sandbox's own sources on its path
 
-EXIT_MEMORY = 120        # the program raised MemoryError
+EXIT_MEMORY = 120  # the program raised MemoryError
 EXIT_SETUP_FAILED = 121  # a confinement layer failed to apply: the test is not run
 # Imported once by the server so that a test finds them ready instead of reading them again.
-PRELOAD = ["abc", "array", "base64", "bisect", "calendar", "cmath", "collections", "collections.abc",
-           "contextlib", "copy", "dataclasses", "datetime", "decimal", "enum", "fractions", "functools",
-           "hashlib", "heapq", "io", "itertools", "json", "math", "numbers", "operator", "queue", "random",
-           "re", "statistics", "string", "struct", "textwrap", "threading", "time", "traceback", "typing",
-           "unicodedata"]
+PRELOAD = [
+    "abc",
+    "array",
+    "base64",
+    "bisect",
+    "calendar",
+    "cmath",
+    "collections",
+    "collections.abc",
+    "contextlib",
+    "copy",
+    "dataclasses",
+    "datetime",
+    "decimal",
+    "enum",
+    "fractions",
+    "functools",
+    "hashlib",
+    "heapq",
+    "io",
+    "itertools",
+    "json",
+    "math",
+    "numbers",
+    "operator",
+    "queue",
+    "random",
+    "re",
+    "statistics",
+    "string",
+    "struct",
+    "textwrap",
+    "threading",
+    "time",
+    "traceback",
+    "typing",
+    "unicodedata",
+]
 
 
 # --------------------------------------------------------------------------- framing
+
 
 def read_exact(fd: int, n: int) -> bytes:
     chunks, left = [], n
@@ -83,7 +117,7 @@ def read_exact(fd: int, n: int) -> bytes:
 def write_all(fd: int, data: bytes) -> None:
     view = memoryview(data)
     while view:
-        view = view[os.write(fd, view):]
+        view = view[os.write(fd, view) :]
 
 
 def read_frame(fd: int) -> dict:
@@ -98,13 +132,22 @@ def write_frame(fd: int, header: dict, *payloads: bytes) -> None:
 
 # --------------------------------------------------------------------------- the child
 
+
 def _vm_size_bytes() -> int:
     with open("/proc/self/statm") as handle:
         return int(handle.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
 
 
-def _confine_child(request: dict, config: dict, files: list[int], confined_fd: int, landlock_fd: int | None,
-                   seccomp_bpf: bytes | None, interpreter_bytes: int, views: dict[str, int]) -> None:
+def _confine_child(
+    request: dict,
+    config: dict,
+    files: list[int],
+    confined_fd: int,
+    landlock_fd: int | None,
+    seccomp_bpf: bytes | None,
+    interpreter_bytes: int,
+    views: dict[str, int],
+) -> None:
     os.setsid()
     for number in (signal.SIGINT, signal.SIGTERM, signal.SIGPIPE, signal.SIGXFSZ, signal.SIGCHLD):
         signal.signal(number, signal.SIG_DFL)
@@ -129,7 +172,8 @@ def _confine_child(request: dict, config: dict, files: list[int], confined_fd: i
         address_space_bytes=interpreter_bytes + request["memory_mb"] * (1 << 20),
         output_bytes=request["output_bytes"],
         open_files=64,
-        processes=config["max_threads"] if uid is not None else None)
+        processes=config["max_threads"] if uid is not None else None,
+    )
     if uid is not None:
         confine.drop_to_uid(uid)
         confine.import_through_views(views)
@@ -207,6 +251,7 @@ def _call_function(namespace: dict, request: dict) -> int:
 
 
 # --------------------------------------------------------------------------- the server
+
 
 def _direct_children() -> list[int]:
     pid = os.getpid()
@@ -309,8 +354,9 @@ def _empty(directory: str) -> None:
             os.unlink(entry.path)
 
 
-def run_test(request: dict, config: dict, landlock_fd: int | None, seccomp_bpf: bytes | None,
-             views: dict[str, int]) -> tuple[dict, bytes, bytes, bytes]:
+def run_test(
+    request: dict, config: dict, landlock_fd: int | None, seccomp_bpf: bytes | None, views: dict[str, int]
+) -> tuple[dict, bytes, bytes, bytes]:
     files = [os.memfd_create(name, os.MFD_CLOEXEC) for name in ("stdin", "stdout", "stderr", "result")]
     try:
         write_all(files[0], request["input"].encode())
@@ -323,10 +369,12 @@ def run_test(request: dict, config: dict, landlock_fd: int | None, seccomp_bpf: 
             code = EXIT_SETUP_FAILED
             try:
                 try:
-                    _confine_child(request, config, files, confined_write, landlock_fd, seccomp_bpf,
-                                   interpreter_bytes, views)
+                    _confine_child(
+                        request, config, files, confined_write, landlock_fd, seccomp_bpf, interpreter_bytes, views
+                    )
                 except BaseException as exc:
                     import traceback
+
                     os.write(2, f"sandbox set-up failed: {exc!r}\n{traceback.format_exc()}".encode())
                     os._exit(EXIT_SETUP_FAILED)
                 code = _run_program(request)
@@ -345,13 +393,18 @@ def run_test(request: dict, config: dict, landlock_fd: int | None, seccomp_bpf: 
             "confined": confined,
             "exit_code": os.waitstatus_to_exitcode(status) if os.WIFEXITED(status) else None,
             "signal": os.WTERMSIG(status) if os.WIFSIGNALED(status) else None,
-            "timed_out": timed_out, "wall": round(wall, 4),
-            "cpu": round(usage.ru_utime + usage.ru_stime, 4), "max_rss_kb": usage.ru_maxrss,
+            "timed_out": timed_out,
+            "wall": round(wall, 4),
+            "cpu": round(usage.ru_utime + usage.ru_stime, 4),
+            "max_rss_kb": usage.ru_maxrss,
             "leftover_processes": leftovers,
         }
         limit = request["output_bytes"]
-        stdout, stderr, result = (_read_file(files[1], limit), _read_file(files[2], 1 << 16),
-                                  _read_file(files[3], limit))
+        stdout, stderr, result = (
+            _read_file(files[1], limit),
+            _read_file(files[2], 1 << 16),
+            _read_file(files[3], limit),
+        )
         header["stdout_bytes"] = os.fstat(files[1]).st_size
         return header, stdout, stderr, result
     finally:
@@ -422,10 +475,21 @@ def main() -> None:
     os.close(null)
     gc.collect()
     gc.freeze()  # the collector in a child then leaves the server's objects (and their pages) alone
-    write_frame(answers, {"ready": True, "pid": os.getpid(), "subreaper": config["subreaper"],
-                          "seccomp": seccomp_bpf is not None, "landlock": landlock_fd is not None,
-                          "problems": problems, "preloaded": sorted(set(PRELOAD) & set(sys.modules)),
-                          "views": sorted(views), "hidden": hidden, "unreadable": unreadable})
+    write_frame(
+        answers,
+        {
+            "ready": True,
+            "pid": os.getpid(),
+            "subreaper": config["subreaper"],
+            "seccomp": seccomp_bpf is not None,
+            "landlock": landlock_fd is not None,
+            "problems": problems,
+            "preloaded": sorted(set(PRELOAD) & set(sys.modules)),
+            "views": sorted(views),
+            "hidden": hidden,
+            "unreadable": unreadable,
+        },
+    )
     while True:
         try:
             request = read_frame(requests)

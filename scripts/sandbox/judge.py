@@ -44,25 +44,45 @@ SERVER = Path(__file__).resolve().parent / "forkserver.py"
 EXIT_MEMORY = 120  # the program raised MemoryError (forkserver.py)
 
 ACCEPTED = "accepted"
-VERDICTS = ("accepted", "wrong_answer", "time_limit", "memory_limit", "output_limit", "runtime_error",
-            "sandbox_violation", "no_code", "judge_error")
+VERDICTS = (
+    "accepted",
+    "wrong_answer",
+    "time_limit",
+    "memory_limit",
+    "output_limit",
+    "runtime_error",
+    "sandbox_violation",
+    "no_code",
+    "judge_error",
+)
 REWARD_MODES = ("fraction", "all_or_nothing")
 UID_BASE = 61000
 UID_LOCKS = Path(tempfile.gettempdir()) / "sandbox-uid-locks"
-THREAD_VARIABLES = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "NUMEXPR_NUM_THREADS",
-                    "VECLIB_MAXIMUM_THREADS", "RAYON_NUM_THREADS", "TF_NUM_INTRAOP_THREADS")
+THREAD_VARIABLES = (
+    "OMP_NUM_THREADS",
+    "OPENBLAS_NUM_THREADS",
+    "MKL_NUM_THREADS",
+    "NUMEXPR_NUM_THREADS",
+    "VECLIB_MAXIMUM_THREADS",
+    "RAYON_NUM_THREADS",
+    "TF_NUM_INTRAOP_THREADS",
+)
 
 # The fork servers' whole environment: no credentials, no PYTHON*, one thread per numeric library.
-SERVER_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8",
-              **{name: "1" for name in THREAD_VARIABLES}}
+SERVER_ENV = {
+    "PATH": "/usr/local/bin:/usr/bin:/bin",
+    "LANG": "C.UTF-8",
+    "LC_ALL": "C.UTF-8",
+    **{name: "1" for name in THREAD_VARIABLES},
+}
 
 
 @dataclass
 class Limits:
-    time_limit: float = 2.0            # CPU seconds per test
-    wall_limit: float | None = None    # seconds per test, default 2 x time_limit + 1
-    memory_mb: int = 512               # address space on top of the interpreter's own
-    output_bytes: int = 16 << 20       # stdout (and a functional result) cap
+    time_limit: float = 2.0  # CPU seconds per test
+    wall_limit: float | None = None  # seconds per test, default 2 x time_limit + 1
+    memory_mb: int = 512  # address space on top of the interpreter's own
+    output_bytes: int = 16 << 20  # stdout (and a functional result) cap
 
     @property
     def wall(self) -> float:
@@ -80,7 +100,7 @@ class TestOutcome:
 
 @dataclass
 class Judgement:
-    verdict: str                       # the first failing test's verdict, or "accepted"
+    verdict: str  # the first failing test's verdict, or "accepted"
     reward: float
     passed: int
     total: int
@@ -92,6 +112,7 @@ class SandboxError(RuntimeError):
 
 
 # --------------------------------------------------------------------------- verdicts
+
 
 def classify(answer: dict, stdout: bytes, result: bytes, test: dict, problem: dict, limits: Limits) -> TestOutcome:
     header_signal, code = answer["signal"], answer["exit_code"]
@@ -113,12 +134,14 @@ def classify(answer: dict, stdout: bytes, result: bytes, test: dict, problem: di
         if not result:
             outcome.verdict, outcome.detail = "runtime_error", "the function returned no JSON value"
         else:
-            ok = checker.check_return_value(test["output"], result.decode("utf-8", "replace"),
-                                            bool(problem.get("float_tolerance")))
+            ok = checker.check_return_value(
+                test["output"], result.decode("utf-8", "replace"), bool(problem.get("float_tolerance"))
+            )
             outcome.verdict = ACCEPTED if ok else "wrong_answer"
     else:
-        ok = checker.check_stdout(test["output"], stdout.decode("utf-8", "replace"),
-                                  bool(problem.get("float_tolerance")))
+        ok = checker.check_stdout(
+            test["output"], stdout.decode("utf-8", "replace"), bool(problem.get("float_tolerance"))
+        )
         outcome.verdict = ACCEPTED if ok else "wrong_answer"
     return outcome
 
@@ -146,27 +169,37 @@ def stdlib_modules_needed_by(packages: tuple[str, ...], env: dict) -> list[str]:
 
     The fork server preloads them, so a test importing numpy only reads numpy's own files.
     """
-    done = subprocess.run([sys.executable, "-I", "-B", "-c", _CLOSURE_SCRIPT, *packages], env=env,
-                          capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-I", "-B", "-c", _CLOSURE_SCRIPT, *packages],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     return json.loads(done.stdout) if done.returncode == 0 else []
 
 
 def layout_problem(uid: int, hidden: list[str], unreadable: list[str], landlock: bool) -> str | None:
     """One line saying which folders the worker uid cannot read and the command that fixes it."""
     # A folder covers what lies beneath it (numpy/ and numpy/__init__.py: one fix).
-    unreadable = [path for path in unreadable
-                  if not any(path.startswith(other.rstrip(os.sep) + os.sep) for other in unreadable)]
+    unreadable = [
+        path for path in unreadable if not any(path.startswith(other.rstrip(os.sep) + os.sep) for other in unreadable)
+    ]
     if not unreadable:
         return None
     if not landlock:  # no Landlock: hidden folders stay hidden rather than open to a climb through ``..``
         unreached = [path for path in unreadable if path in hidden]
         private = sorted({folder for path in unreached for folder in confine.private_folders(path)})
         if private:
-            return (f"sandbox uid {uid} cannot reach {', '.join(unreached)}: a folder above is private, and "
-                    f"without Landlock the sandbox opens no view into it; "
-                    f"fix: chmod o+x {' '.join(map(shlex.quote, private))} (or turn Landlock on)")
-    return (f"sandbox uid {uid} cannot read {', '.join(unreadable)}, so judged programs cannot import "
-            f"from there; fix: chmod -R o+rX {' '.join(map(shlex.quote, unreadable))}")
+            return (
+                f"sandbox uid {uid} cannot reach {', '.join(unreached)}: a folder above is private, and "
+                f"without Landlock the sandbox opens no view into it; "
+                f"fix: chmod o+x {' '.join(map(shlex.quote, private))} (or turn Landlock on)"
+            )
+    return (
+        f"sandbox uid {uid} cannot read {', '.join(unreadable)}, so judged programs cannot import "
+        f"from there; fix: chmod -R o+rX {' '.join(map(shlex.quote, unreadable))}"
+    )
 
 
 def _write_frame(fd: int, header: dict) -> None:
@@ -174,7 +207,7 @@ def _write_frame(fd: int, header: dict) -> None:
     encoded = json.dumps(header).encode()
     view = memoryview(len(encoded).to_bytes(4, "big") + encoded)
     while view:
-        view = view[os.write(fd, view):]
+        view = view[os.write(fd, view) :]
 
 
 def _claim_uid(start: int) -> tuple[int, int]:
@@ -193,19 +226,38 @@ def _claim_uid(start: int) -> tuple[int, int]:
 class Worker:
     """One fork server process and the pipes to it."""
 
-    def __init__(self, index: int, uid: int | None, workdir: str, use_seccomp: bool, use_landlock: bool,
-                 preload: list[str], packages: tuple[str, ...]):
+    def __init__(
+        self,
+        index: int,
+        uid: int | None,
+        workdir: str,
+        use_seccomp: bool,
+        use_landlock: bool,
+        preload: list[str],
+        packages: tuple[str, ...],
+    ):
         self.index, self.uid, self.workdir = index, uid, workdir
-        self.config = {"uid": uid, "workdir": workdir, "max_threads": 64, "seccomp": use_seccomp,
-                       "landlock_abi": confine.landlock_abi() if use_landlock else 0, "preload": preload,
-                       "packages": list(packages)}
+        self.config = {
+            "uid": uid,
+            "workdir": workdir,
+            "max_threads": 64,
+            "seccomp": use_seccomp,
+            "landlock_abi": confine.landlock_abi() if use_landlock else 0,
+            "preload": preload,
+            "packages": list(packages),
+        }
         self.process: subprocess.Popen | None = None
         self.ready: dict = {}
 
     def start(self) -> None:
         self.process = subprocess.Popen(
             [sys.executable, "-I", "-B", str(SERVER), json.dumps(self.config)],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=SERVER_ENV, cwd="/", close_fds=True)
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            env=SERVER_ENV,
+            cwd="/",
+            close_fds=True,
+        )
         self.ready = self._read_answer(timeout=120.0)[0]
         if not self.ready.get("ready"):
             raise SandboxError(f"sandbox worker {self.index} did not start: {self.ready}")
@@ -238,7 +290,9 @@ class Worker:
     def _read_answer(self, timeout: float) -> tuple[dict, bytes, bytes, bytes]:
         deadline = time.monotonic() + timeout
         header = json.loads(self._read_exact(int.from_bytes(self._read_exact(4, deadline), "big"), deadline))
-        payloads = [self._read_exact(header.get(key, 0), deadline) for key in ("stdout_len", "stderr_len", "result_len")]
+        payloads = [
+            self._read_exact(header.get(key, 0), deadline) for key in ("stdout_len", "stderr_len", "result_len")
+        ]
         return header, *payloads
 
     def run(self, request: dict) -> tuple[dict, bytes, bytes, bytes]:
@@ -257,9 +311,16 @@ class Worker:
 class Sandbox:
     """A pool of ``workers`` fork servers judging programs in parallel."""
 
-    def __init__(self, workers: int = 2, limits: Limits | None = None, seccomp: bool = True,
-                 landlock: bool = True, drop_uid: bool = True, uid_base: int = UID_BASE,
-                 preload_packages: tuple[str, ...] = ("numpy",)):
+    def __init__(
+        self,
+        workers: int = 2,
+        limits: Limits | None = None,
+        seccomp: bool = True,
+        landlock: bool = True,
+        drop_uid: bool = True,
+        uid_base: int = UID_BASE,
+        preload_packages: tuple[str, ...] = ("numpy",),
+    ):
         self.limits = limits or Limits()
         self._preload_packages = preload_packages
         self.layers = confine.probe_layers(uid_base if drop_uid else None)
@@ -290,19 +351,27 @@ class Sandbox:
             for index in range(self._n_workers):
                 uid = None
                 if self._use["uid"]:
-                    uid, lock = _claim_uid(self._uid_base if not self._uid_locks else
-                                           self._workers[-1].uid + 1)
+                    uid, lock = _claim_uid(self._uid_base if not self._uid_locks else self._workers[-1].uid + 1)
                     self._uid_locks.append(lock)
-                worker = Worker(index, uid, os.path.join(self._root, f"w{index}"),
-                                self._use["seccomp"], self._use["landlock"], preload, self._preload_packages)
+                worker = Worker(
+                    index,
+                    uid,
+                    os.path.join(self._root, f"w{index}"),
+                    self._use["seccomp"],
+                    self._use["landlock"],
+                    preload,
+                    self._preload_packages,
+                )
                 worker.start()
                 self._workers.append(worker)
                 self._idle.put(worker)
         except BaseException:
             self.close()
             raise
-        self.layers["subreaper"] = (all(w.ready["subreaper"] for w in self._workers),
-                                    "fork servers adopt and sweep orphans")
+        self.layers["subreaper"] = (
+            all(w.ready["subreaper"] for w in self._workers),
+            "fork servers adopt and sweep orphans",
+        )
         for layer in ("seccomp", "landlock"):  # what the servers managed to build, not just the probe
             if self._use[layer] and not all(w.ready[layer] for w in self._workers):
                 problems = "; ".join(p for w in self._workers for p in w.ready["problems"])
@@ -311,10 +380,14 @@ class Sandbox:
             first = self._workers[0].ready
             if first["views"]:
                 on, detail = self.layers["uid"]
-                self.layers["uid"] = (on, f"{detail}; {', '.join(first['views'])} hidden from other users: "
-                                          f"read through views, confined by Landlock")
-            self.layout_problem = layout_problem(self._workers[0].uid, first["hidden"], first["unreadable"],
-                                                 first["landlock"])
+                self.layers["uid"] = (
+                    on,
+                    f"{detail}; {', '.join(first['views'])} hidden from other users: "
+                    f"read through views, confined by Landlock",
+                )
+            self.layout_problem = layout_problem(
+                self._workers[0].uid, first["hidden"], first["unreadable"], first["landlock"]
+            )
         self._pool = ThreadPoolExecutor(max_workers=self._n_workers, thread_name_prefix="sandbox")
         return self
 
@@ -353,13 +426,26 @@ class Sandbox:
         return f"sandbox: {self._n_workers} workers; " + confine.describe_layers(self.layers)
 
     # ------------------------------------------------------------------ running
-    def run_one(self, program: str, test_input: str, testtype: str = "stdin", fn_name: str | None = None,
-                limits: Limits | None = None) -> tuple[dict, bytes, bytes, bytes]:
+    def run_one(
+        self,
+        program: str,
+        test_input: str,
+        testtype: str = "stdin",
+        fn_name: str | None = None,
+        limits: Limits | None = None,
+    ) -> tuple[dict, bytes, bytes, bytes]:
         """Run one program on one input in the next free worker: (status, stdout, stderr, result)."""
         limits = limits or self.limits
-        request = {"program": program, "input": test_input, "mode": testtype, "fn_name": fn_name,
-                   "time_limit": limits.time_limit, "wall_limit": limits.wall,
-                   "memory_mb": limits.memory_mb, "output_bytes": limits.output_bytes}
+        request = {
+            "program": program,
+            "input": test_input,
+            "mode": testtype,
+            "fn_name": fn_name,
+            "time_limit": limits.time_limit,
+            "wall_limit": limits.wall,
+            "memory_mb": limits.memory_mb,
+            "output_bytes": limits.output_bytes,
+        }
         worker = self._idle.get()
         try:
             return worker.run(request)
@@ -371,7 +457,8 @@ class Sandbox:
         for attempt in range(2):  # a fork server that failed is replaced; the test gets one more try
             try:
                 answer, stdout, stderr, result = self.run_one(
-                    program, test["input"], problem.get("testtype", "stdin"), problem.get("fn_name"), limits)
+                    program, test["input"], problem.get("testtype", "stdin"), problem.get("fn_name"), limits
+                )
                 break
             except SandboxError as exc:
                 if attempt:
@@ -407,8 +494,9 @@ class Sandbox:
             units = [(i, [test], False) for i, (problem, _) in enumerate(items) for test in problem["tests"]]
         else:
             units = [(i, items[i][0]["tests"], True) for i in range(len(items))]
-        futures = [(i, self._pool.submit(self._run_tests, items[i][0], items[i][1], tests, stop))
-                   for i, tests, stop in units]
+        futures = [
+            (i, self._pool.submit(self._run_tests, items[i][0], items[i][1], tests, stop)) for i, tests, stop in units
+        ]
         per_item: list[list[TestOutcome]] = [[] for _ in items]
         for i, future in futures:
             per_item[i].extend(future.result())

@@ -22,9 +22,21 @@ from dataclasses import dataclass
 from .judge import ACCEPTED, Limits, Sandbox, classify
 
 SELFTEST_LIMITS = Limits(time_limit=0.5, wall_limit=1.0, memory_mb=256, output_bytes=4 << 20)
-ALLOWED_ENVIRONMENT = {"PATH", "LANG", "LC_ALL", "HOME", "TMPDIR", "OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS",
-                       "MKL_NUM_THREADS", "NUMEXPR_NUM_THREADS", "VECLIB_MAXIMUM_THREADS",
-                       "RAYON_NUM_THREADS", "TF_NUM_INTRAOP_THREADS", "LC_CTYPE"}
+ALLOWED_ENVIRONMENT = {
+    "PATH",
+    "LANG",
+    "LC_ALL",
+    "HOME",
+    "TMPDIR",
+    "OMP_NUM_THREADS",
+    "OPENBLAS_NUM_THREADS",
+    "MKL_NUM_THREADS",
+    "NUMEXPR_NUM_THREADS",
+    "VECLIB_MAXIMUM_THREADS",
+    "RAYON_NUM_THREADS",
+    "TF_NUM_INTRAOP_THREADS",
+    "LC_CTYPE",
+}
 
 
 class SandboxEscape(RuntimeError):
@@ -35,8 +47,8 @@ class SandboxEscape(RuntimeError):
 class Attack:
     name: str
     program: str
-    verdicts: tuple[str, ...]      # acceptable verdicts
-    layers: tuple[str, ...]        # what stops it; at least one must be on for the attack to run
+    verdicts: tuple[str, ...]  # acceptable verdicts
+    layers: tuple[str, ...]  # what stops it; at least one must be on for the attack to run
     input: str = ""
 
 
@@ -45,55 +57,104 @@ def attacks(marker_dir: str, secret_file: str, port: int, trainer_pid: int) -> l
     return [
         Attack("infinite loop", "while True:\n    pass\n", ("time_limit",), ("rlimits",)),
         Attack("sleep forever", "import time\ntime.sleep(10**6)\n", ("time_limit",), ("rlimits",)),
-        Attack("fork bomb", "import os\nwhile True:\n    os.fork()\n",
-               ("sandbox_violation", "runtime_error", "time_limit"), ("seccomp", "uid")),
-        Attack("memory bomb", "blocks = []\nwhile True:\n    blocks.append(bytearray(32 << 20))\n",
-               ("memory_limit", "time_limit"), ("rlimits",)),  # a slow machine may hit the clock first
-        Attack("300 MB print", "import sys\nline = 'x' * (1 << 20)\nfor _ in range(300):\n"
-               "    sys.stdout.write(line)\n", ("output_limit",), ("rlimits",)),
-        Attack("file bomb", "with open('big.bin', 'wb') as f:\n    for _ in range(300):\n"
-               "        f.write(b'x' * (1 << 20))\n",
-               ("sandbox_violation", "output_limit", "runtime_error"), ("seccomp", "rlimits")),
-        Attack("write outside the working directory",
-               f"with open({outside!r}, 'w') as f:\n    f.write('ESCAPED')\n",
-               ("sandbox_violation", "runtime_error"), ("seccomp", "landlock", "uid")),
-        Attack("environment", "import os, json\nprint(json.dumps(dict(os.environ)))\n",
-               ("wrong_answer",), ("rlimits",)),
-        Attack("read a root-only file", f"print('ESCAPED', open({secret_file!r}).read())\n",
-               ("runtime_error",), ("uid", "landlock")),
-        Attack("read the trainer's environment",
-               f"print('ESCAPED', open('/proc/{trainer_pid}/environ', 'rb').read()[:50])\n",
-               ("runtime_error",), ("uid", "landlock")),
+        Attack(
+            "fork bomb",
+            "import os\nwhile True:\n    os.fork()\n",
+            ("sandbox_violation", "runtime_error", "time_limit"),
+            ("seccomp", "uid"),
+        ),
+        Attack(
+            "memory bomb",
+            "blocks = []\nwhile True:\n    blocks.append(bytearray(32 << 20))\n",
+            ("memory_limit", "time_limit"),
+            ("rlimits",),
+        ),  # a slow machine may hit the clock first
+        Attack(
+            "300 MB print",
+            "import sys\nline = 'x' * (1 << 20)\nfor _ in range(300):\n    sys.stdout.write(line)\n",
+            ("output_limit",),
+            ("rlimits",),
+        ),
+        Attack(
+            "file bomb",
+            "with open('big.bin', 'wb') as f:\n    for _ in range(300):\n        f.write(b'x' * (1 << 20))\n",
+            ("sandbox_violation", "output_limit", "runtime_error"),
+            ("seccomp", "rlimits"),
+        ),
+        Attack(
+            "write outside the working directory",
+            f"with open({outside!r}, 'w') as f:\n    f.write('ESCAPED')\n",
+            ("sandbox_violation", "runtime_error"),
+            ("seccomp", "landlock", "uid"),
+        ),
+        Attack(
+            "environment", "import os, json\nprint(json.dumps(dict(os.environ)))\n", ("wrong_answer",), ("rlimits",)
+        ),
+        Attack(
+            "read a root-only file",
+            f"print('ESCAPED', open({secret_file!r}).read())\n",
+            ("runtime_error",),
+            ("uid", "landlock"),
+        ),
+        Attack(
+            "read the trainer's environment",
+            f"print('ESCAPED', open('/proc/{trainer_pid}/environ', 'rb').read()[:50])\n",
+            ("runtime_error",),
+            ("uid", "landlock"),
+        ),
         # Through libc, as a native extension would: the socket module need not be importable.
-        Attack("connect to a listener on 127.0.0.1",
-               "import ctypes, struct\nlibc = ctypes.CDLL(None, use_errno=True)\n"
-               "fd = libc.socket(2, 1, 0)\n"
-               f"address = struct.pack('=H', 2) + struct.pack('!H', {port}) + bytes([127, 0, 0, 1]) + bytes(8)\n"
-               "if fd >= 0 and libc.connect(fd, address, 16) == 0:\n"
-               "    libc.send(fd, b'ESCAPED', 7, 0)\n    print('ESCAPED')\n",
-               ("sandbox_violation", "wrong_answer"), ("seccomp", "landlock")),
-        Attack("kill the parent", "import os, signal\nos.kill(os.getppid(), signal.SIGKILL)\nprint('ESCAPED')\n",
-               ("sandbox_violation", "runtime_error"), ("seccomp", "uid")),
+        Attack(
+            "connect to a listener on 127.0.0.1",
+            "import ctypes, struct\nlibc = ctypes.CDLL(None, use_errno=True)\n"
+            "fd = libc.socket(2, 1, 0)\n"
+            f"address = struct.pack('=H', 2) + struct.pack('!H', {port}) + bytes([127, 0, 0, 1]) + bytes(8)\n"
+            "if fd >= 0 and libc.connect(fd, address, 16) == 0:\n"
+            "    libc.send(fd, b'ESCAPED', 7, 0)\n    print('ESCAPED')\n",
+            ("sandbox_violation", "wrong_answer"),
+            ("seccomp", "landlock"),
+        ),
+        Attack(
+            "kill the parent",
+            "import os, signal\nos.kill(os.getppid(), signal.SIGKILL)\nprint('ESCAPED')\n",
+            ("sandbox_violation", "runtime_error"),
+            ("seccomp", "uid"),
+        ),
         # Returning from kill(-1) proves nothing; what matters is that everyone outside survives.
-        Attack("kill(-1)", "import os, signal\nos.kill(-1, signal.SIGKILL)\n",
-               ("sandbox_violation", "runtime_error", "wrong_answer"), ("seccomp", "uid")),
-        Attack("ptrace the parent", "import ctypes, os\nlibc = ctypes.CDLL(None, use_errno=True)\n"
-               "if libc.ptrace(16, os.getppid(), 0, 0) == 0:\n    print('ESCAPED')\n",
-               ("sandbox_violation", "wrong_answer"), ("seccomp", "uid")),
-        Attack("double-fork daemon",
-               "import os, time\nif os.fork() == 0:\n    os.setsid()\n    if os.fork() == 0:\n"
-               "        time.sleep(60)\n    os._exit(0)\n",
-               ("sandbox_violation", "wrong_answer"), ("seccomp", "uid", "subreaper")),
-        Attack("recursion bomb", "import sys\nsys.setrecursionlimit(10**7)\ndef f(n):\n    return f(n + 1)\nf(0)\n",
-               ("runtime_error", "memory_limit", "time_limit"), ("rlimits",)),
-        Attack("sys.exit(0) before printing", "import sys\nsys.exit(0)\nprint(3)\n", ("wrong_answer",),
-               ("rlimits",)),
+        Attack(
+            "kill(-1)",
+            "import os, signal\nos.kill(-1, signal.SIGKILL)\n",
+            ("sandbox_violation", "runtime_error", "wrong_answer"),
+            ("seccomp", "uid"),
+        ),
+        Attack(
+            "ptrace the parent",
+            "import ctypes, os\nlibc = ctypes.CDLL(None, use_errno=True)\n"
+            "if libc.ptrace(16, os.getppid(), 0, 0) == 0:\n    print('ESCAPED')\n",
+            ("sandbox_violation", "wrong_answer"),
+            ("seccomp", "uid"),
+        ),
+        Attack(
+            "double-fork daemon",
+            "import os, time\nif os.fork() == 0:\n    os.setsid()\n    if os.fork() == 0:\n"
+            "        time.sleep(60)\n    os._exit(0)\n",
+            ("sandbox_violation", "wrong_answer"),
+            ("seccomp", "uid", "subreaper"),
+        ),
+        Attack(
+            "recursion bomb",
+            "import sys\nsys.setrecursionlimit(10**7)\ndef f(n):\n    return f(n + 1)\nf(0)\n",
+            ("runtime_error", "memory_limit", "time_limit"),
+            ("rlimits",),
+        ),
+        Attack("sys.exit(0) before printing", "import sys\nsys.exit(0)\nprint(3)\n", ("wrong_answer",), ("rlimits",)),
     ]
 
 
 LEGIT = [
     ("numpy", "import numpy as np\nprint(int(np.arange(10).sum()))\n", "", "45"),
-    ("thread with a big stack", textwrap.dedent("""\
+    (
+        "thread with a big stack",
+        textwrap.dedent("""\
         import sys, threading
         sys.setrecursionlimit(200000)
         threading.stack_size(128 << 20)
@@ -104,16 +165,28 @@ LEGIT = [
         t = threading.Thread(target=main)
         t.start()
         t.join()
-        """), "", "50000"),
-    ("read all of stdin", "import sys\nprint(sum(map(int, sys.stdin.read().split())))\n",
-     " ".join(["1"] * 200000), "200000"),
+        """),
+        "",
+        "50000",
+    ),
+    (
+        "read all of stdin",
+        "import sys\nprint(sum(map(int, sys.stdin.read().split())))\n",
+        " ".join(["1"] * 200000),
+        "200000",
+    ),
     # Modules no fork server preloads: read from the interpreter's and numpy's folders in the test.
-    ("the standard library and numpy.linalg", textwrap.dedent("""\
+    (
+        "the standard library and numpy.linalg",
+        textwrap.dedent("""\
         from graphlib import TopologicalSorter
         import numpy.linalg
         order = list(TopologicalSorter({"b": {"a"}, "c": {"b"}}).static_order())
         print("".join(order), int(round(numpy.linalg.det(numpy.eye(3) * 2))))
-        """), "", "abc 8"),
+        """),
+        "",
+        "abc 8",
+    ),
 ]
 
 
@@ -157,17 +230,20 @@ def run_selftest(sandbox: Sandbox, log=print) -> list[tuple[str, str, bool]]:
     try:
         for attack in attacks(marker_dir, secret_file, port, os.getpid()):
             if not any(layers.get(layer) for layer in attack.layers):
-                failures.append(f"{attack.name}: not attempted, every layer that stops it is off "
-                                f"({', '.join(attack.layers)})")
+                failures.append(
+                    f"{attack.name}: not attempted, every layer that stops it is off ({', '.join(attack.layers)})"
+                )
                 continue
             answer, stdout, stderr, result = sandbox.run_one(attack.program, attack.input, limits=SELFTEST_LIMITS)
             answer["stderr"] = stderr.decode("utf-8", "replace")
-            outcome = classify(answer, stdout, result, {"output": "IMPOSSIBLE-EXPECTED-OUTPUT"},
-                               {"testtype": "stdin"}, SELFTEST_LIMITS)
+            outcome = classify(
+                answer, stdout, result, {"output": "IMPOSSIBLE-EXPECTED-OUTPUT"}, {"testtype": "stdin"}, SELFTEST_LIMITS
+            )
             problems = []
             if outcome.verdict not in attack.verdicts:
-                problems.append(f"verdict {outcome.verdict} ({answer['stderr'][-200:]!r}), "
-                                f"expected one of {attack.verdicts}")
+                problems.append(
+                    f"verdict {outcome.verdict} ({answer['stderr'][-200:]!r}), expected one of {attack.verdicts}"
+                )
             if b"ESCAPED" in stdout or secret.encode() in stdout:
                 problems.append(f"the program reported success: {stdout[:200]!r}")
             if attack.name == "environment":
@@ -199,11 +275,14 @@ def run_selftest(sandbox: Sandbox, log=print) -> list[tuple[str, str, bool]]:
             log(f"sandbox self-test: {attack.name}: {outcome.verdict} {'contained' if ok else 'ESCAPED'}")
             if not ok:
                 missing = [layer for layer in attack.layers if not layers.get(layer)]
-                failures.append(f"{attack.name}: {'; '.join(problems)}"
-                                + (f" (layers off: {', '.join(missing)})" if missing else ""))
+                failures.append(
+                    f"{attack.name}: {'; '.join(problems)}"
+                    + (f" (layers off: {', '.join(missing)})" if missing else "")
+                )
         for name, program, stdin, expected in LEGIT:
-            outcome = sandbox.run_test({"testtype": "stdin", "tests": []}, program,
-                                       {"input": stdin, "output": expected}, SELFTEST_LIMITS)
+            outcome = sandbox.run_test(
+                {"testtype": "stdin", "tests": []}, program, {"input": stdin, "output": expected}, SELFTEST_LIMITS
+            )
             results.append((name, outcome.verdict, outcome.verdict == ACCEPTED))
             log(f"sandbox self-test: legitimate {name}: {outcome.verdict}")
             if outcome.verdict != ACCEPTED:
@@ -214,8 +293,9 @@ def run_selftest(sandbox: Sandbox, log=print) -> list[tuple[str, str, bool]]:
             os.unlink(os.path.join(marker_dir, name))
         os.rmdir(marker_dir)
     if failures:
-        raise SandboxEscape("sandbox self-test failed, refusing to train:\n  " + "\n  ".join(failures)
-                            + "\n" + sandbox.describe())
+        raise SandboxEscape(
+            "sandbox self-test failed, refusing to train:\n  " + "\n  ".join(failures) + "\n" + sandbox.describe()
+        )
     return results
 
 

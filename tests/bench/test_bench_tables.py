@@ -5,10 +5,21 @@ import pytest
 from bench.tables import COLUMNS, Row, format_number, format_table
 
 
-@pytest.mark.parametrize("value, text", [
-    (None, "-"), (0, "0"), (0.123456, "0.123"), (1.0, "1"), (12.345, "12.3"), (999.4, "999"),
-    (1234.5, "1234"), (0.000123, "1.23e-04"), (123456.0, "1.23e+05"), (-0.5, "-0.5"),
-])
+@pytest.mark.parametrize(
+    "value, text",
+    [
+        (None, "-"),
+        (0, "0"),
+        (0.123456, "0.123"),
+        (1.0, "1"),
+        (12.345, "12.3"),
+        (999.4, "999"),
+        (1234.5, "1234"),
+        (0.000123, "1.23e-04"),
+        (123456.0, "1.23e+05"),
+        (-0.5, "-0.5"),
+    ],
+)
 def test_format_number(value, text):
     assert format_number(value) == text
 
@@ -21,9 +32,20 @@ def test_ratio_is_ours_over_baseline_and_empty_without_one():
 
 
 def test_table_layout():
-    rows = [Row("sft step", "tiny (1.3 M params)", 0.0213, "s/step", 0.0426, "TRL SFTTrainer", 480.4, 601.0,
-                notes="median of 3x5"),
-            Row("sandbox", "trivial | 2 workers", 251.0, "tests/s", memory_mib=95.2)]
+    rows = [
+        Row(
+            "sft step",
+            "tiny (1.3 M params)",
+            0.0213,
+            "s/step",
+            0.0426,
+            "TRL SFTTrainer",
+            480.4,
+            601.0,
+            notes="median of 3x5",
+        ),
+        Row("sandbox", "trivial | 2 workers", 251.0, "tests/s", memory_mib=95.2),
+    ]
     assert format_table(rows, "Combined").splitlines() == [
         "### Combined",
         "",

@@ -14,8 +14,14 @@ def test_gpu_benchmark_smoke_on_cpu(tmp_path, tiny_model_path):
     env = dict(os.environ, CUDA_VISIBLE_DEVICES="", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
     for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
         env.pop(name, None)
-    completed = subprocess.run([sys.executable, str(REPO / "bench" / "gpu_benchmark.py"), "--smoke", "--out", str(out)],
-                               cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    completed = subprocess.run(
+        [sys.executable, str(REPO / "bench" / "gpu_benchmark.py"), "--smoke", "--out", str(out)],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert completed.returncode == 0, completed.stdout[-3000:] + completed.stderr[-3000:]
 
     rows = {(row["benchmark"]): row for row in json.loads(out.with_suffix(".json").read_text())}

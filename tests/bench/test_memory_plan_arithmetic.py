@@ -4,8 +4,9 @@ import pytest
 
 from bench.memory_plan import GIB, LLAMA_3_1_8B, QWEN2_5_1_5B, ModelShape, memory_plan
 
-TOY = ModelShape(vocab_size=10, hidden_size=4, intermediate_size=8, num_layers=3, num_heads=2, num_kv_heads=1,
-                 tied_embeddings=True)
+TOY = ModelShape(
+    vocab_size=10, hidden_size=4, intermediate_size=8, num_layers=3, num_heads=2, num_kv_heads=1, tied_embeddings=True
+)
 
 
 def test_toy_shape_counts_every_matrix_once():
@@ -88,8 +89,9 @@ def test_reference_model_sharded_or_replicated():
     assert sharded["reference"] == 2_007_565_312 + 2_101_354_496
     for plan in (sharded, replicated):
         assert plan["total"] == base["total"] + plan["reference"]
-        assert {name: value for name, value in plan.items() if name not in ("reference", "total")} == \
-            {name: value for name, value in base.items() if name != "total"}
+        assert {name: value for name, value in plan.items() if name not in ("reference", "total")} == {
+            name: value for name, value in base.items() if name != "total"
+        }
     assert round(sharded["total"] / GIB, 2) == 40.50 and round(replicated["total"] / GIB, 2) == 51.63
     # sharding pays off as GPUs are added; a whole copy does not shrink
     on_two = memory_plan(TOY, world_size=2, micro_batch=1, seq_len=16, reference="sharded")["reference"]

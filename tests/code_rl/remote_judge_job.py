@@ -1,4 +1,5 @@
 """Run under torchrun by test_code_rl_script.py: rank 0 sends programs, ranks 1..N judge them.
+Two cases, named by the argument::
 
     torchrun --standalone --nproc_per_node 3 remote_judge_job.py judge    # judges with sandboxes
     torchrun --standalone --nproc_per_node 2 remote_judge_job.py broken   # rank 1's sandbox never started

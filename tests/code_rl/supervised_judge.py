@@ -22,6 +22,7 @@ def echo_judge(name: str):
         if any(program == "slow" for _, program in items):
             time.sleep(2.0)
         return [{"verdict": "accepted", "reward": 1.0, "program": program, "judge": name} for _, program in items]
+
     return judge
 
 

@@ -15,16 +15,26 @@ from helpers.offline_data import code_problem_records, write_jsonl
 # --------------------------------------------------------------------------- layouts
 
 CODE_CONTESTS = {
-    "name": "1548_A. Sum", "description": "Print a + b.",
+    "name": "1548_A. Sum",
+    "description": "Print a + b.",
     "public_tests": {"input": ["1 2\n"], "output": ["3\n"]},
     "private_tests": {"input": ["5 5\n"], "output": ["10\n"]},
     "generated_tests": {"input": ["0 0\n", "-1 1\n"], "output": ["0\n", "0\n"]},
-    "difficulty": 7, "solutions": {"language": [3], "solution": ["print(sum(map(int, input().split())))"]},
+    "difficulty": 7,
+    "solutions": {"language": [3], "solution": ["print(sum(map(int, input().split())))"]},
 }
-APPS_STDIN = {"problem_id": 12, "question": "Print a + b.", "starter_code": "",
-              "input_output": json.dumps({"inputs": ["1 2\n", ["3 4"]], "outputs": ["3\n", ["7"]]})}
-APPS_CALL = {"problem_id": 13, "question": "Return the sum of a list.", "starter_code": "def total(xs):\n",
-             "input_output": json.dumps({"fn_name": "total", "inputs": [[[1, 2, 3]], [[]]], "outputs": [[6], [0]]})}
+APPS_STDIN = {
+    "problem_id": 12,
+    "question": "Print a + b.",
+    "starter_code": "",
+    "input_output": json.dumps({"inputs": ["1 2\n", ["3 4"]], "outputs": ["3\n", ["7"]]}),
+}
+APPS_CALL = {
+    "problem_id": 13,
+    "question": "Return the sum of a list.",
+    "starter_code": "def total(xs):\n",
+    "input_output": json.dumps({"fn_name": "total", "inputs": [[[1, 2, 3]], [[]]], "outputs": [[6], [0]]}),
+}
 
 
 def livecodebench_row(private_cases, functional=False):
@@ -32,10 +42,16 @@ def livecodebench_row(private_cases, functional=False):
         public = [{"input": "[1, 2]\n3", "output": "6", "testtype": "functional"}]
     else:
         public = [{"input": "1 2\n", "output": "3\n", "testtype": "stdin"}]
-    return {"question_id": "abc123_a", "question_title": "Sum", "question_content": "Add them.",
-            "platform": "atcoder", "starter_code": "", "public_test_cases": json.dumps(public),
-            "private_test_cases": private_cases,
-            "metadata": json.dumps({"func_name": "add"} if functional else {})}
+    return {
+        "question_id": "abc123_a",
+        "question_title": "Sum",
+        "question_content": "Add them.",
+        "platform": "atcoder",
+        "starter_code": "",
+        "public_test_cases": json.dumps(public),
+        "private_test_cases": private_cases,
+        "metadata": json.dumps({"func_name": "add"} if functional else {}),
+    }
 
 
 def test_code_contests_layout_keeps_every_split():
@@ -59,8 +75,11 @@ def test_livecodebench_json_and_compressed_private_tests():
     # The layout LiveCodeBench ships: base64(zlib(pickle(json text))); read without unpickling.
     packed = base64.b64encode(zlib.compress(pickle.dumps(json.dumps(private)))).decode()
     compressed = normalize_problem(livecodebench_row(packed))
-    assert plain["tests"] == compressed["tests"] == [{"input": "1 2\n", "output": "3\n"},
-                                                      {"input": "5 5\n", "output": "10\n"}]
+    assert (
+        plain["tests"]
+        == compressed["tests"]
+        == [{"input": "1 2\n", "output": "3\n"}, {"input": "5 5\n", "output": "10\n"}]
+    )
     functional = normalize_problem(livecodebench_row("[]", functional=True))
     assert functional["fn_name"] == "add" and functional["tests"] == [{"input": "[[1, 2], 3]", "output": "6"}]
 
@@ -101,6 +120,7 @@ def test_load_reads_the_project_data_and_caps_tests(tmp_path):
 
 # --------------------------------------------------------------------------- programs and rewards
 
+
 def test_the_program_is_the_last_fenced_block():
     text = "First try:\n```python\nprint(1)\n```\nBetter:\n```py\nprint(2)\n```\nDone."
     assert extract_program(text) == "print(2)\n"
@@ -109,9 +129,17 @@ def test_the_program_is_the_last_fenced_block():
     assert extract_program("```\nx = 1\n```") == "x = 1\n"
 
 
-SUM_PROBLEM = {"id": "sum", "statement": "a+b", "testtype": "stdin", "float_tolerance": False,
-               "tests": [{"input": "1 2\n", "output": "3\n"}, {"input": "5 -5\n", "output": "0\n"},
-                         {"input": "7 1\n", "output": "8\n"}]}
+SUM_PROBLEM = {
+    "id": "sum",
+    "statement": "a+b",
+    "testtype": "stdin",
+    "float_tolerance": False,
+    "tests": [
+        {"input": "1 2\n", "output": "3\n"},
+        {"input": "5 -5\n", "output": "0\n"},
+        {"input": "7 1\n", "output": "8\n"},
+    ],
+}
 FUNCTION_PROBLEM = normalize_problem(code_problem_records(5)[4])  # solve(a, b) = a * b + a
 
 
@@ -123,7 +151,7 @@ def test_score_verdicts_and_fraction_rewards(code_sandbox):
     env = CodeEnvironment(local_judge(code_sandbox), "fraction")
     completions = [
         fenced("a, b = map(int, input().split())\nprint(a + b)\n"),
-        fenced("a, b = map(int, input().split())\nprint(a + b if a != 5 else 1)\n"),   # 2 of 3
+        fenced("a, b = map(int, input().split())\nprint(a + b if a != 5 else 1)\n"),  # 2 of 3
         "I would add the numbers.",
         fenced("while True:\n    pass\n"),
         fenced("class Solution:\n    def solve(self, a, b):\n        return a * b + a\n"),
@@ -131,8 +159,14 @@ def test_score_verdicts_and_fraction_rewards(code_sandbox):
     ]
     examples = [SUM_PROBLEM] * 4 + [FUNCTION_PROBLEM] * 2
     scores = env.score(examples, completions)
-    assert [s["verdict"] for s in scores] == ["accepted", "wrong_answer", "no_code", "time_limit", "accepted",
-                                              "wrong_answer"]
+    assert [s["verdict"] for s in scores] == [
+        "accepted",
+        "wrong_answer",
+        "no_code",
+        "time_limit",
+        "accepted",
+        "wrong_answer",
+    ]
     assert [s["reward"] for s in scores[:4]] == [1.0, pytest.approx(2 / 3), 0.0, 0.0]
     assert scores[0]["correct"] and not scores[1]["correct"]
     assert [s["format_reward"] for s in scores[:3]] == [1.0, 1.0, 0.0]
@@ -164,8 +198,17 @@ def test_float_problems_accept_small_errors_only(code_sandbox):
 
 
 def test_verdict_stats_cover_every_verdict():
-    stats = verdict_stats([{"verdict": "accepted", "passed": 2, "total": 2},
-                           {"verdict": "runtime_error", "passed": 0, "total": 2}], judge_time=0.5)
+    stats = verdict_stats(
+        [{"verdict": "accepted", "passed": 2, "total": 2}, {"verdict": "runtime_error", "passed": 0, "total": 2}],
+        judge_time=0.5,
+    )
     assert stats["accepted_rate"] == 0.5 and stats["runtime_error_rate"] == 0.5 and stats["pass_rate"] == 0.5
-    assert {"wrong_answer_rate", "time_limit_rate", "memory_limit_rate", "output_limit_rate",
-            "sandbox_violation_rate", "no_code_rate", "judge_time"} <= set(stats)
+    assert {
+        "wrong_answer_rate",
+        "time_limit_rate",
+        "memory_limit_rate",
+        "output_limit_rate",
+        "sandbox_violation_rate",
+        "no_code_rate",
+        "judge_time",
+    } <= set(stats)

@@ -30,8 +30,10 @@ def _sibling(name: str):
 script_tests = _sibling("test_code_rl_script")  # the container environment and hyperparameters
 
 
-@pytest.mark.skipif(os.geteuid() != 0 or not confine.landlock_abi(),
-                    reason="the per-worker uid needs root; views into private folders need Landlock")
+@pytest.mark.skipif(
+    os.geteuid() != 0 or not confine.landlock_abi(),
+    reason="the per-worker uid needs root; views into private folders need Landlock",
+)
 @pytest.mark.parametrize("layout", ["checkout", "environment"])
 def test_code_rl_trains_from_a_private_folder(tmp_path, offline_data, tiny_model_path, layout):
     private = make_private(tmp_path / "private")
@@ -43,10 +45,18 @@ def test_code_rl_trains_from_a_private_folder(tmp_path, offline_data, tiny_model
         python, code = private_environment(private), SCRIPTS
         hidden = f"{private}/project/.venv/lib/"
     job = tmp_path / "job"
-    env = script_tests.container_env(job, {"train": offline_data["code"], "model": tiny_model_path},
-                                     {**script_tests.HYPERPARAMETERS, "max_steps": 1})
-    done = subprocess.run([str(python), "code_rl.py"], cwd=code, env=env, text=True, timeout=240,
-                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    env = script_tests.container_env(
+        job, {"train": offline_data["code"], "model": tiny_model_path}, {**script_tests.HYPERPARAMETERS, "max_steps": 1}
+    )
+    done = subprocess.run(
+        [str(python), "code_rl.py"],
+        cwd=code,
+        env=env,
+        text=True,
+        timeout=240,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
     assert done.returncode == 0, done.stdout[-4000:]
     log = done.stdout
     assert "sandbox self-test passed" in log and "legitimate numpy: accepted" in log, log[-4000:]

@@ -22,8 +22,15 @@ TORCHRUN = str(Path(sys.executable).parent / "torchrun")
 
 def run(command: list[str], env: dict[str, str], timeout: int = 240) -> subprocess.CompletedProcess:
     # A session of its own, so that a timeout ends torchrun's workers as well.
-    process = subprocess.Popen(command, cwd=SCRIPTS, env=env, text=True, start_new_session=True,
-                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    process = subprocess.Popen(
+        command,
+        cwd=SCRIPTS,
+        env=env,
+        text=True,
+        start_new_session=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
     try:
         output, _ = process.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -33,23 +40,38 @@ def run(command: list[str], env: dict[str, str], timeout: int = 240) -> subproce
     return subprocess.CompletedProcess(command, process.returncode, output, "")
 
 
-HYPERPARAMETERS = {"max_steps": 2, "prompts_per_step": 2, "num_generations": 2, "micro_batch_size": 2,
-                   "max_new_tokens": 16, "judge_workers": 1, "judge_timeout": 120, "max_tests": 2,
-                   "checkpoint_every": 0}
+HYPERPARAMETERS = {
+    "max_steps": 2,
+    "prompts_per_step": 2,
+    "num_generations": 2,
+    "micro_batch_size": 2,
+    "max_new_tokens": 16,
+    "judge_workers": 1,
+    "judge_timeout": 120,
+    "max_tests": 2,
+    "checkpoint_every": 0,
+}
 
 
 def one_record_per_step(log: str, metrics_file: Path, steps: list[int]) -> list[dict]:
     """The job printed one metric line per step and wrote one metrics.jsonl object per step, each with
     GRPO's metrics and the judge's verdict rates together."""
     lines = re.findall(r"^step=\d+ .*$", log, re.MULTILINE)
-    assert [int(line.split()[0][len("step="):]) for line in lines] == steps, lines
+    assert [int(line.split()[0][len("step=") :]) for line in lines] == steps, lines
     for line in lines:
         assert " reward=" in line and " loss=" in line and " accepted_rate=" in line and " judge_time=" in line
     records = [json.loads(line) for line in metrics_file.read_text().splitlines()]
     assert [r["step"] for r in records] == steps
     for record in records:
-        assert {"reward", "loss", "accepted_rate", "wrong_answer_rate", "no_code_rate", "pass_rate",
-                "judge_time"} <= set(record)
+        assert {
+            "reward",
+            "loss",
+            "accepted_rate",
+            "wrong_answer_rate",
+            "no_code_rate",
+            "pass_rate",
+            "judge_time",
+        } <= set(record)
         assert abs(sum(v for k, v in record.items() if k.endswith("_rate")) - 1.0) < 1e-9  # verdict shares
     return records
 
@@ -98,8 +120,14 @@ def test_remote_judges_return_verdicts_in_order(tmp_path):
     done = run([TORCHRUN, "--standalone", "--nproc_per_node", "3", str(JOB), "judge"], env)
     assert done.returncode == 0, done.stdout[-4000:]
     results = json.loads(done.stdout.split("RESULTS ", 1)[1].splitlines()[0])
-    assert [r["verdict"] for r in results] == ["accepted", "wrong_answer", "time_limit", "accepted",
-                                               "sandbox_violation", "runtime_error"]
+    assert [r["verdict"] for r in results] == [
+        "accepted",
+        "wrong_answer",
+        "time_limit",
+        "accepted",
+        "sandbox_violation",
+        "runtime_error",
+    ]
     assert [r["reward"] for r in results] == [1.0, 0.5, 0.0, 1.0, 0.0, 0.0]
 
 
@@ -110,13 +138,16 @@ def test_a_failing_judge_fails_the_learner_without_hanging(tmp_path):
     assert "JUDGES STOPPED" in done.stdout  # rank 0 still told the judges to stop, and they did
 
 
-@pytest.mark.parametrize("options, message", [
-    (["--time_limit", "0"], "--time_limit must be positive, got 0.0 (seconds)."),
-    (["--judge_timeout", "-5"], "--judge_timeout must be positive, got -5.0 (seconds)."),
-    (["--memory_limit_mb", "0"], "--memory_limit_mb must be at least 1, got 0."),
-    (["--max_tests", "-1"], "--max_tests cannot be negative, got -1"),
-    (["--num_generations", "1"], "at least 2 completions"),  # GRPO's own checks hold too
-])
+@pytest.mark.parametrize(
+    "options, message",
+    [
+        (["--time_limit", "0"], "--time_limit must be positive, got 0.0 (seconds)."),
+        (["--judge_timeout", "-5"], "--judge_timeout must be positive, got -5.0 (seconds)."),
+        (["--memory_limit_mb", "0"], "--memory_limit_mb must be at least 1, got 0."),
+        (["--max_tests", "-1"], "--max_tests cannot be negative, got -1"),
+        (["--num_generations", "1"], "at least 2 completions"),  # GRPO's own checks hold too
+    ],
+)
 def test_bad_judging_options_are_refused(options, message):
     import code_rl
     from common.contract import UserError

@@ -26,6 +26,7 @@ HERE = Path(__file__).resolve().parent
 
 def start_judge(name, behaviour=None):
     """A judge service in a thread of this process; returns its (host, port)."""
+
     def judge(items, reward_mode):
         if behaviour:
             behaviour(items)
@@ -87,9 +88,13 @@ class Host:
     """supervised_judge.py in a process of its own, its stdout read line by line."""
 
     def __init__(self, name):
-        self.process = subprocess.Popen([sys.executable, str(HERE / "supervised_judge.py"), name], text=True,
-                                        stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                        env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        self.process = subprocess.Popen(
+            [sys.executable, str(HERE / "supervised_judge.py"), name],
+            text=True,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
         self.lines = []
         self.port = int(self.expect("PORT ").split()[1])
 
@@ -135,15 +140,19 @@ def test_a_killed_service_is_replaced_by_the_others_then_restarted(tmp_path):
         host.process.wait()
 
 
-@pytest.mark.parametrize("change, message", [
-    ({"judge_group": "judges"}, "'judges' is not an instance group of this job \\(groups: learner, judge\\)"),
-    ({"judge_port": 80}, "--judge_port 80 must be in 1024..65533"),
-])
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        ({"judge_group": "judges"}, "'judges' is not an instance group of this job \\(groups: learner, judge\\)"),
+        ({"judge_port": 80}, "--judge_port 80 must be in 1024..65533"),
+    ],
+)
 def test_bad_cluster_options_are_user_errors(monkeypatch, change, message):
     import code_rl
 
-    monkeypatch.setenv("SM_INSTANCE_GROUPS_DICT", '{"learner": {"hosts": ["algo-1"]}, '
-                                                  '"judge": {"hosts": ["algo-2", "algo-3"]}}')
+    monkeypatch.setenv(
+        "SM_INSTANCE_GROUPS_DICT", '{"learner": {"hosts": ["algo-1"]}, "judge": {"hosts": ["algo-2", "algo-3"]}}'
+    )
     args = code_rl.parse_args(["--judge_group", "judge"])
     for key, value in change.items():
         setattr(args, key, value)
@@ -161,8 +170,9 @@ def test_a_verdict_timeout_of_zero_is_refused():
 def test_judge_addresses_give_each_judge_host_its_port(monkeypatch):
     import code_rl
 
-    monkeypatch.setenv("SM_INSTANCE_GROUPS_DICT", '{"learner": {"hosts": ["algo-1"]}, '
-                                                  '"judge": {"hosts": ["algo-2", "algo-3"]}}')
+    monkeypatch.setenv(
+        "SM_INSTANCE_GROUPS_DICT", '{"learner": {"hosts": ["algo-1"]}, "judge": {"hosts": ["algo-2", "algo-3"]}}'
+    )
     args = code_rl.parse_args(["--judge_group", "judge", "--judge_port", "30000"])
     assert code_rl.judge_addresses(args) == [("algo-2", 30000), ("algo-3", 30001)]
     monkeypatch.setenv("SM_INSTANCE_GROUPS_DICT", '{"homogeneousCluster": {"hosts": ["algo-1"]}}')

@@ -62,7 +62,12 @@ def test_the_image_environment_pins_the_container_floors():
         floors[requirement.name] = lowest[0]
     pins = {r.name: str(r.specifier) for r in _requirements(REPO / "requirements-image.txt")}
     for name, floor in floors.items():
-        assert pins.get(name, "").startswith("==") and Version(pins[name][2:]) == Version(floor), (name, floor, pins.get(name))
+        assert pins.get(name, "").startswith("==") and Version(pins[name][2:]) == Version(floor), (
+            name,
+            floor,
+            pins.get(name),
+        )
     assert Version(floors["transformers"]) == Version("4.56.2")
-    assert pins["torch"] == next(str(r.specifier) for r in _requirements(REPO / "requirements.txt") if r.name == "torch")
-
+    assert pins["torch"] == next(
+        str(r.specifier) for r in _requirements(REPO / "requirements.txt") if r.name == "torch"
+    )

@@ -29,10 +29,20 @@ SAMPLES = [
 ]
 CHAT = [{"role": "user", "content": "2+2?"}, {"role": "assistant", "content": "4"}]
 # Qwen2.5-0.5B-Instruct's config.json with the sizes shrunk: what decides positions is kept.
-QWEN2_5_SHAPE = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                     num_key_value_heads=2, max_position_embeddings=32768, rope_theta=1000000.0,
-                     sliding_window=32768, max_window_layers=21, use_sliding_window=False, rms_norm_eps=1e-6,
-                     tie_word_embeddings=True)
+QWEN2_5_SHAPE = dict(
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=32768,
+    rope_theta=1000000.0,
+    sliding_window=32768,
+    max_window_layers=21,
+    use_sliding_window=False,
+    rms_norm_eps=1e-6,
+    tie_word_embeddings=True,
+)
 
 # Run by the main environment's Python: argv = repo, output folder, the inputs as JSON.
 WRITE_ON_TRANSFORMERS_5 = """
@@ -81,8 +91,12 @@ def written_on_5(tmp_path_factory) -> tuple[Path, dict]:
     assert MAIN_PYTHON.exists(), f"{MAIN_PYTHON} (transformers 5) writes the folders: build it with make .venv/.stamp"
     out = tmp_path_factory.mktemp("written-on-5")
     inputs = json.dumps({"shape": QWEN2_5_SHAPE, "samples": SAMPLES, "chat": CHAT})
-    done = subprocess.run([str(MAIN_PYTHON), "-c", WRITE_ON_TRANSFORMERS_5, str(REPO), str(out), inputs],
-                          capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        [str(MAIN_PYTHON), "-c", WRITE_ON_TRANSFORMERS_5, str(REPO), str(out), inputs],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     return out, json.loads(done.stdout.strip().splitlines()[-1])
 

@@ -15,8 +15,9 @@ def load(tiny_model_path):
 
 def test_batched_greedy_generation_equals_one_prompt_at_a_time(tiny_model_path):
     model, tokenizer = load(tiny_model_path)
-    generator = generation.HFGenerator(model, tokenizer, max_new_tokens=6, temperature=1.0,
-                                       learners=distributed.single_learner("cpu"))
+    generator = generation.HFGenerator(
+        model, tokenizer, max_new_tokens=6, temperature=1.0, learners=distributed.single_learner("cpu")
+    )
     prompts = [tokenizer(text)["input_ids"] for text in ("Natalia sold", "How many apples does Weng have left", "7")]
     batched_ids, batched_texts = generator.generate(prompts, num_generations=2, greedy=True)
     assert len(batched_ids) == 6
@@ -29,8 +30,9 @@ def test_batched_greedy_generation_equals_one_prompt_at_a_time(tiny_model_path):
 
 def test_sampling_stops_at_the_stop_token_and_keeps_it(tiny_model_path):
     model, tokenizer = load(tiny_model_path)
-    generator = generation.HFGenerator(model, tokenizer, max_new_tokens=12, temperature=1.0,
-                                       learners=distributed.single_learner("cpu"))
+    generator = generation.HFGenerator(
+        model, tokenizer, max_new_tokens=12, temperature=1.0, learners=distributed.single_learner("cpu")
+    )
     prompt = tokenizer("Pick")["input_ids"]
     # The untrained model samples almost uniformly; with every third token a stop token, samples stop
     # after a few tokens, at different lengths.
@@ -54,9 +56,10 @@ def test_logprobs_of_left_padded_prompts_equal_unpadded(tiny_model_path):
     assert prompt_mask.tolist() == [[1, 1, 1, 1, 1], [0, 0, 0, 1, 1]]
     assert completion_mask.tolist() == [[1, 1, 1], [1, 0, 0]]
     with torch.no_grad():
-        batched = grpo.completion_logprobs(model, torch.cat([prompt_ids, completion_ids], 1),
-                                           torch.cat([prompt_mask, completion_mask], 1), 3, 0.8)
+        batched = grpo.completion_logprobs(
+            model, torch.cat([prompt_ids, completion_ids], 1), torch.cat([prompt_mask, completion_mask], 1), 3, 0.8
+        )
         for row, (prompt, completion) in enumerate(zip(prompts, completions, strict=True)):
             ids = torch.tensor([prompt + completion])
             alone = grpo.completion_logprobs(model, ids, torch.ones_like(ids), len(completion), 0.8)[0]
-            torch.testing.assert_close(batched[row, :len(completion)], alone, rtol=1e-5, atol=1e-5)
+            torch.testing.assert_close(batched[row, : len(completion)], alone, rtol=1e-5, atol=1e-5)

@@ -16,11 +16,23 @@ def make_trainer(model_path, tmp_path, reward_func=None, **config):
     from datasets import Dataset
     from trl import GRPOConfig, GRPOTrainer
 
-    args = GRPOConfig(output_dir=str(tmp_path / "trl"), use_cpu=True, bf16=False, gradient_checkpointing=False,
-                      report_to="none", save_strategy="no", logging_strategy="no", **config)
+    args = GRPOConfig(
+        output_dir=str(tmp_path / "trl"),
+        use_cpu=True,
+        bf16=False,
+        gradient_checkpointing=False,
+        report_to="none",
+        save_strategy="no",
+        logging_strategy="no",
+        **config,
+    )
     reward_func = reward_func or (lambda completions, **kwargs: [0.0] * len(completions))
-    return GRPOTrainer(model=str(model_path), reward_funcs=reward_func, args=args,
-                       train_dataset=Dataset.from_dict({"prompt": ["hello"] * 8}))
+    return GRPOTrainer(
+        model=str(model_path),
+        reward_funcs=reward_func,
+        args=args,
+        train_dataset=Dataset.from_dict({"prompt": ["hello"] * 8}),
+    )
 
 
 def prepared_batch(model):
@@ -44,18 +56,35 @@ def prepared_batch(model):
     old = current + 0.3 * torch.randn(current.shape, generator=generator)
     ref = current + 0.5 * torch.randn(current.shape, generator=generator)
     advantages = torch.tensor([1.2, -0.7, 0.4, -1.5])
-    return {"prompt_ids": prompt_ids, "prompt_mask": prompt_mask, "completion_ids": completion_ids,
-            "completion_mask": completion_mask, "advantages": advantages, "old_per_token_logps": old,
-            "ref_per_token_logps": ref, "num_items_in_batch": completion_mask.sum().float()}
+    return {
+        "prompt_ids": prompt_ids,
+        "prompt_mask": prompt_mask,
+        "completion_ids": completion_ids,
+        "completion_mask": completion_mask,
+        "advantages": advantages,
+        "old_per_token_logps": old,
+        "ref_per_token_logps": ref,
+        "num_items_in_batch": completion_mask.sum().float(),
+    }
 
 
 @pytest.mark.parametrize("loss_type", ["grpo", "dr_grpo", "dapo"])
 @pytest.mark.parametrize("beta", [0.0, 0.04])
 def test_loss_and_gradients_match_trl(tiny_model_path, tmp_path, loss_type, beta):
     # Two accumulation steps, so the scaling for gradient accumulation is compared too.
-    trainer = make_trainer(tiny_model_path, tmp_path, loss_type=loss_type, beta=beta, epsilon=0.2, epsilon_high=0.28,
-                           temperature=TEMPERATURE, max_completion_length=MAX_COMPLETION,
-                           per_device_train_batch_size=4, num_generations=4, gradient_accumulation_steps=2)
+    trainer = make_trainer(
+        tiny_model_path,
+        tmp_path,
+        loss_type=loss_type,
+        beta=beta,
+        epsilon=0.2,
+        epsilon_high=0.28,
+        temperature=TEMPERATURE,
+        max_completion_length=MAX_COMPLETION,
+        per_device_train_batch_size=4,
+        num_generations=4,
+        gradient_accumulation_steps=2,
+    )
     model = trainer.model
     model.train()
     trainer.current_gradient_accumulation_steps = 2
@@ -70,9 +99,19 @@ def test_loss_and_gradients_match_trl(tiny_model_path, tmp_path, loss_type, beta
     attention_mask = torch.cat([batch["prompt_mask"], batch["completion_mask"]], 1)
     logprobs = completion_logprobs(model, input_ids, attention_mask, MAX_COMPLETION, TEMPERATURE)
     our_loss, stats = grpo_loss(
-        logprobs, batch["old_per_token_logps"], batch["ref_per_token_logps"], batch["advantages"],
-        batch["completion_mask"].float(), loss_type=loss_type, epsilon=0.2, epsilon_high=0.28, beta=beta,
-        max_new_tokens=MAX_COMPLETION, num_micro_batches=2, tokens_per_learner=float(batch["num_items_in_batch"]))
+        logprobs,
+        batch["old_per_token_logps"],
+        batch["ref_per_token_logps"],
+        batch["advantages"],
+        batch["completion_mask"].float(),
+        loss_type=loss_type,
+        epsilon=0.2,
+        epsilon_high=0.28,
+        beta=beta,
+        max_new_tokens=MAX_COMPLETION,
+        num_micro_batches=2,
+        tokens_per_learner=float(batch["num_items_in_batch"]),
+    )
     our_loss.backward()
 
     assert abs(trl_loss.item()) > 1e-3  # a loss far from zero, so the relative comparison means something
@@ -89,10 +128,17 @@ def test_advantages_match_trl(tiny_model_path, tmp_path, scale_rewards):
     rewards = [1.0, 0.0, 0.0, 0.5, 2.0, 2.0, 2.0, 2.0]  # a mixed group and a group with no signal
 
     def fixed_rewards(completions, **kwargs):
-        return rewards[:len(completions)]
+        return rewards[: len(completions)]
 
-    trainer = make_trainer(tiny_model_path, tmp_path, reward_func=fixed_rewards, scale_rewards=scale_rewards,
-                           per_device_train_batch_size=8, num_generations=4, max_completion_length=3)
+    trainer = make_trainer(
+        tiny_model_path,
+        tmp_path,
+        reward_func=fixed_rewards,
+        scale_rewards=scale_rewards,
+        per_device_train_batch_size=8,
+        num_generations=4,
+        max_completion_length=3,
+    )
     trainer.model.train()
     trl_advantages = trainer._generate_and_score_completions([{"prompt": "What is 2 + 3?"}] * 8)["advantages"]
 

@@ -20,14 +20,41 @@ from safetensors.torch import load_file
 SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
 PYTHON = sys.executable
 METRIC = r"\b{}=(-?[0-9.]+(?:[eE][-+]?[0-9]+)?)"  # the notebooks' metric_definitions regex
-GRPO_OPTIONS = ["--max_steps", "6", "--prompts_per_step", "2", "--num_generations", "4", "--micro_batch_size", "4",
-                "--max_new_tokens", "12", "--learning_rate", "1e-3", "--beta", "0.04", "--num_iterations", "2",
-                "--checkpoint_every", "2", "--seed", "3"]
+GRPO_OPTIONS = [
+    "--max_steps",
+    "6",
+    "--prompts_per_step",
+    "2",
+    "--num_generations",
+    "4",
+    "--micro_batch_size",
+    "4",
+    "--max_new_tokens",
+    "12",
+    "--learning_rate",
+    "1e-3",
+    "--beta",
+    "0.04",
+    "--num_iterations",
+    "2",
+    "--checkpoint_every",
+    "2",
+    "--seed",
+    "3",
+]
 
 
 def grpo_command(model_path, root, *extra):
-    return [PYTHON, "grpo.py", "--model_name_or_path", str(model_path), "--checkpoint_dir", str(root / "checkpoints"),
-            *GRPO_OPTIONS, *extra]
+    return [
+        PYTHON,
+        "grpo.py",
+        "--model_name_or_path",
+        str(model_path),
+        "--checkpoint_dir",
+        str(root / "checkpoints"),
+        *GRPO_OPTIONS,
+        *extra,
+    ]
 
 
 def run(command, env, timeout=240):
@@ -72,8 +99,10 @@ def digit_task(tiny_model_path, tmp_path_factory):
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     for step in range(30):
-        answers = [tokenizer(str((step * 7 + i) % 10), add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
-                   for i in range(20)]
+        answers = [
+            tokenizer(str((step * 7 + i) % 10), add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+            for i in range(20)
+        ]
         input_ids = torch.tensor([prompt + answer for answer in answers])
         labels = torch.tensor([[-100] * len(prompt) + answer for answer in answers])
         model(input_ids=input_ids, labels=labels).loss.backward()
@@ -101,13 +130,25 @@ def reference_run(digit_task, tmp_path_factory):
 
 def test_grpo_end_to_end(tiny_model_path, offline_data, tmp_path):
     root = tmp_path
-    code, output = run(grpo_command(tiny_model_path, root, "--max_steps", "4"),
-                       container_env(root, {"train": offline_data["gsm8k"]}))
+    code, output = run(
+        grpo_command(tiny_model_path, root, "--max_steps", "4"), container_env(root, {"train": offline_data["gsm8k"]})
+    )
     assert code == 0, output
     lines = metric_lines(output)
     assert [line.split()[0] for line in lines] == ["step=1", "step=2", "step=3", "step=4"]
-    for name in ("reward", "reward_std", "accuracy", "kl", "clip_ratio", "completion_length", "loss", "lr",
-                 "gen_time", "reward_time", "train_time"):
+    for name in (
+        "reward",
+        "reward_std",
+        "accuracy",
+        "kl",
+        "clip_ratio",
+        "completion_length",
+        "loss",
+        "lr",
+        "gen_time",
+        "reward_time",
+        "train_time",
+    ):
         values = [float(m.group(1)) for line in lines for m in [re.search(METRIC.format(name), line)] if m]
         assert len(values) == 4, f"{name} missing in {lines}"
         assert all(math.isfinite(v) for v in values), (name, values)
@@ -136,8 +177,14 @@ def assert_same_as_reference(root: Path, reference_root: Path):
 def test_resume_after_sigkill_matches_uninterrupted(reference_run, digit_task, tmp_path):
     model_path, train = digit_task
     env = container_env(tmp_path, {"train": train})
-    process = subprocess.Popen(grpo_command(model_path, tmp_path), cwd=SCRIPTS, env=env,
-                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    process = subprocess.Popen(
+        grpo_command(model_path, tmp_path),
+        cwd=SCRIPTS,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     output = []
     for line in process.stdout:
         output.append(line)
@@ -158,8 +205,14 @@ def test_resume_after_sigkill_matches_uninterrupted(reference_run, digit_task, t
 def test_resume_after_sigterm_matches_uninterrupted(reference_run, digit_task, tmp_path):
     model_path, train = digit_task
     env = container_env(tmp_path, {"train": train})
-    process = subprocess.Popen(grpo_command(model_path, tmp_path), cwd=SCRIPTS, env=env,
-                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    process = subprocess.Popen(
+        grpo_command(model_path, tmp_path),
+        cwd=SCRIPTS,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     output = []
     for line in process.stdout:
         output.append(line)
@@ -180,11 +233,37 @@ def test_resume_after_sigterm_matches_uninterrupted(reference_run, digit_task, t
 @pytest.mark.parametrize("strategy", ["ddp", pytest.param("fsdp", marks=pytest.mark.slow)])
 def test_two_learners_under_torchrun(tiny_model_path, offline_data, tmp_path, strategy):
     torchrun = shutil.which("torchrun", path=str(Path(PYTHON).parent))
-    command = [torchrun, "--standalone", "--nproc_per_node", "2", "grpo.py", "--model_name_or_path",
-               str(tiny_model_path), "--checkpoint_dir", str(tmp_path / "checkpoints"), "--max_steps", "2",
-               "--prompts_per_step", "2", "--num_generations", "4", "--micro_batch_size", "2",
-               "--max_new_tokens", "8", "--learning_rate", "1e-3", "--checkpoint_every", "1", "--strategy", strategy,
-               "--beta", "0.04", "--num_iterations", "2"]
+    command = [
+        torchrun,
+        "--standalone",
+        "--nproc_per_node",
+        "2",
+        "grpo.py",
+        "--model_name_or_path",
+        str(tiny_model_path),
+        "--checkpoint_dir",
+        str(tmp_path / "checkpoints"),
+        "--max_steps",
+        "2",
+        "--prompts_per_step",
+        "2",
+        "--num_generations",
+        "4",
+        "--micro_batch_size",
+        "2",
+        "--max_new_tokens",
+        "8",
+        "--learning_rate",
+        "1e-3",
+        "--checkpoint_every",
+        "1",
+        "--strategy",
+        strategy,
+        "--beta",
+        "0.04",
+        "--num_iterations",
+        "2",
+    ]
     code, output = run(command, container_env(tmp_path, {"train": offline_data["gsm8k"]}))
     assert code == 0, output
     assert [line.split()[0] for line in metric_lines(output)] == ["step=1", "step=2"]  # rank 0 only
@@ -196,22 +275,27 @@ def test_two_learners_under_torchrun(tiny_model_path, offline_data, tmp_path, st
 def test_bad_data_row_fails_with_reason(tiny_model_path, tmp_path):
     train = tmp_path / "train"
     train.mkdir()
-    (train / "train.jsonl").write_text('{"question": "What is 1 + 1?", "answer": "1 + 1 = 2\\n#### 2"}\n'
-                                       '{"question": "What is 2 + 2?", "answer": "4"}\n')
+    (train / "train.jsonl").write_text(
+        '{"question": "What is 1 + 1?", "answer": "1 + 1 = 2\\n#### 2"}\n'
+        '{"question": "What is 2 + 2?", "answer": "4"}\n'
+    )
     code, output = run(grpo_command(tiny_model_path, tmp_path), container_env(tmp_path, {"train": train}))
     assert code != 0
     reason = (tmp_path / "output" / "failure").read_text()
     assert "train.jsonl, line 2" in reason and "####" in reason, reason
 
 
-@pytest.mark.parametrize("options,message", [
-    (["--micro_batch_size", "3"], "--micro_batch_size 3 must divide"),
-    (["--prompts_per_step", "3"], "--prompts_per_step 3 must be a multiple of the number of learners (2)"),
-    (["--num_generations", "1"], "at least 2 completions"),
-    (["--temperature", "0"], "--temperature must be positive"),
-    (["--micro_batch_size", "0"], "--micro_batch_size must be at least 1, got 0."),  # not a ZeroDivisionError
-    (["--log_every", "0"], "--log_every must be at least 1, got 0."),
-])
+@pytest.mark.parametrize(
+    "options,message",
+    [
+        (["--micro_batch_size", "3"], "--micro_batch_size 3 must divide"),
+        (["--prompts_per_step", "3"], "--prompts_per_step 3 must be a multiple of the number of learners (2)"),
+        (["--num_generations", "1"], "at least 2 completions"),
+        (["--temperature", "0"], "--temperature must be positive"),
+        (["--micro_batch_size", "0"], "--micro_batch_size must be at least 1, got 0."),  # not a ZeroDivisionError
+        (["--log_every", "0"], "--log_every must be at least 1, got 0."),
+    ],
+)
 def test_bad_options_are_refused_with_the_option_named(options, message):
     import grpo
     from common import distributed
@@ -244,8 +328,21 @@ def test_evaluate_end_to_end(tiny_model_path, offline_data, tmp_path):
     env = container_env(tmp_path, {"test": offline_data["gsm8k"], "model": channel})
     env["TMPDIR"] = str(tmp_path / "tmp")
     (tmp_path / "tmp").mkdir()
-    code, output = run([PYTHON, "evaluate.py", "--model_name_or_path", "Qwen/does-not-exist", "--environment", "gsm8k",
-                        "--max_new_tokens", "8", "--batch_size", "3"], env)
+    code, output = run(
+        [
+            PYTHON,
+            "evaluate.py",
+            "--model_name_or_path",
+            "Qwen/does-not-exist",
+            "--environment",
+            "gsm8k",
+            "--max_new_tokens",
+            "8",
+            "--batch_size",
+            "3",
+        ],
+        env,
+    )
     assert code == 0, output
     line = metric_lines(output)[0]
     assert re.fullmatch(r"step=0 accuracy=[0-9.]+ mean_reward=[0-9.]+ n=8", line), line
@@ -278,8 +375,21 @@ def test_evaluate_refuses_an_unknown_environment(monkeypatch):
 
 def test_evaluate_code_environment_judges_in_the_sandbox(tiny_model_path, offline_data, tmp_path):
     env = container_env(tmp_path, {"test": offline_data["code"]})
-    code, output = run([PYTHON, "evaluate.py", "--model_name_or_path", str(tiny_model_path), "--environment", "code",
-                        "--max_new_tokens", "8", "--max_examples", "2"], env)
+    code, output = run(
+        [
+            PYTHON,
+            "evaluate.py",
+            "--model_name_or_path",
+            str(tiny_model_path),
+            "--environment",
+            "code",
+            "--max_new_tokens",
+            "8",
+            "--max_examples",
+            "2",
+        ],
+        env,
+    )
     assert code == 0, output
     assert "sandbox self-test" in output
     assert re.fullmatch(r"step=0 accuracy=0 mean_reward=0 n=2", metric_lines(output)[0])

@@ -90,14 +90,17 @@ def test_load_reads_project_data(offline_data):
     assert len(rows) == 32 and all("####" in row["answer"] for row in rows)
 
 
-@pytest.mark.parametrize("row,message", [
-    ({"answer": "#### 3"}, "field 'question' is missing"),
-    ({"question": "q"}, "field 'answer' is missing"),
-    ({"question": "q", "answer": "  "}, "field 'answer' is empty"),
-    ({"question": "q", "answer": "it is 3"}, "no '#### <number>'"),
-    ({"question": "q", "answer": "#### three"}, "is not a number"),
-    (["q", "a"], "expected a JSON object"),
-])
+@pytest.mark.parametrize(
+    "row,message",
+    [
+        ({"answer": "#### 3"}, "field 'question' is missing"),
+        ({"question": "q"}, "field 'answer' is missing"),
+        ({"question": "q", "answer": "  "}, "field 'answer' is empty"),
+        ({"question": "q", "answer": "it is 3"}, "no '#### <number>'"),
+        ({"question": "q", "answer": "#### three"}, "is not a number"),
+        (["q", "a"], "expected a JSON object"),
+    ],
+)
 def test_load_errors_name_file_line_and_field(tmp_path, row, message):
     path = tmp_path / "train.jsonl"
     good = {"question": "What is 1 + 1?", "answer": "1 + 1 = 2\n#### 2"}

@@ -34,12 +34,24 @@ from helpers.live import LogReader
 pytestmark = pytest.mark.timeout(300)
 SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
 PROGRAM = "```python\nwhile 1:0\n```"
-HYPERPARAMETERS = {"max_steps": 3, "prompts_per_step": 2, "num_generations": 2, "micro_batch_size": 2,
-                   "max_new_tokens": 16, "temperature": 0.1, "judge_workers": 1, "judge_timeout": 120,
-                   "max_tests": 2, "time_limit": 0.3, "checkpoint_every": 0, "self_test": True,
-                   "judge_group": "judge", "verdict_timeout": 60,
-                   # torchrun spans the learners only (the PyTorch estimator does not send it itself)
-                   "sagemaker_distribution_instance_groups": ["learner"]}
+HYPERPARAMETERS = {
+    "max_steps": 3,
+    "prompts_per_step": 2,
+    "num_generations": 2,
+    "micro_batch_size": 2,
+    "max_new_tokens": 16,
+    "temperature": 0.1,
+    "judge_workers": 1,
+    "judge_timeout": 120,
+    "max_tests": 2,
+    "time_limit": 0.3,
+    "checkpoint_every": 0,
+    "self_test": True,
+    "judge_group": "judge",
+    "verdict_timeout": 60,
+    # torchrun spans the learners only (the PyTorch estimator does not send it itself)
+    "sagemaker_distribution_instance_groups": ["learner"],
+}
 
 
 @pytest.fixture(scope="module")
@@ -54,10 +66,13 @@ def code_rl_inputs(tiny_model_path, tmp_path_factory) -> dict[str, Path]:
     problem = next(p for p in offline_data.code_problem_records(5) if p["id"].startswith("reverse"))
     offline_data.write_jsonl(root / "train" / "train.jsonl", [problem, {**problem, "id": "reverse-copy"}])
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_path)
-    messages = [{"role": "system", "content": offline_data.CODE_SYSTEM_PROMPT},
-                {"role": "user", "content": offline_data.code_prompt(problem)}]  # as the environment asks
-    prompt = tokenizer(tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False),
-                       add_special_tokens=False)["input_ids"]
+    messages = [
+        {"role": "system", "content": offline_data.CODE_SYSTEM_PROMPT},
+        {"role": "user", "content": offline_data.code_prompt(problem)},
+    ]  # as the environment asks
+    prompt = tokenizer(
+        tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False), add_special_tokens=False
+    )["input_ids"]
     answer = tokenizer(PROGRAM, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
@@ -87,8 +102,12 @@ def start_job(session, role, inputs, job_name):
         hyperparameters=HYPERPARAMETERS, environment={"HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"},
     )  # fmt: skip
     # The data and the model go to the learners only: a judge gets programs and tests from them.
-    channels = {name: TrainingInput(session.upload_data(str(folder), key_prefix=f"{job_name}/{name}"),
-                                    instance_groups=["learner"]) for name, folder in inputs.items()}
+    channels = {
+        name: TrainingInput(
+            session.upload_data(str(folder), key_prefix=f"{job_name}/{name}"), instance_groups=["learner"]
+        )
+        for name, folder in inputs.items()
+    }
     estimator.fit(channels, job_name=job_name, wait=False)
     return estimator
 
@@ -105,7 +124,7 @@ def check_every_step_was_judged(session, estimator, log: list[str]) -> None:
     description = session.wait_for_job(estimator.latest_training_job.name)
     assert description["TrainingJobStatus"] == "Completed", description.get("FailureReason")
     output = estimator.model_data.replace("model.tar.gz", "output.tar.gz")
-    bucket, key = output[len("s3://"):].split("/", 1)
+    bucket, key = output[len("s3://") :].split("/", 1)
     body = session.boto_session.client("s3").get_object(Bucket=bucket, Key=key)["Body"].read()
     with tarfile.open(fileobj=io.BytesIO(body)) as tar:
         records = [json.loads(line) for line in tar.extractfile("metrics.jsonl").read().splitlines()]

@@ -47,7 +47,7 @@ def test_two_instance_groups_give_each_host_its_group_and_its_channels(local_ses
     assert description["TrainingJobStatus"] == "Completed"
     assert "InstanceType" not in description["ResourceConfig"]
     logs = LogReader(local_session.boto_session.client("logs"), "fixture-groups")
-    seen = [json.loads(m[len("groups "):]) for _, m in logs.read() if m.startswith("groups ")]
+    seen = [json.loads(m[len("groups ") :]) for _, m in logs.read() if m.startswith("groups ")]
     by_host = {s["SM_CURRENT_HOST"]: s for s in seen}
     hosts = json.loads(seen[0]["SM_HOSTS"])
     assert len(hosts) == 3 and set(by_host) == set(hosts)
@@ -91,7 +91,7 @@ def test_torch_distributed_spans_one_group(local_session, role, fixture_code, hy
     estimator.fit(job_name="fixture-groups-torchrun", logs=False)
 
     model = estimator.model_data
-    bucket, key = model[len("s3://"):].split("/", 1)
+    bucket, key = model[len("s3://") :].split("/", 1)
     body = local_session.boto_session.client("s3").get_object(Bucket=bucket, Key=key)["Body"].read()
     with tarfile.open(fileobj=io.BytesIO(body)) as tar:
         result = json.loads(tar.extractfile("allreduce.json").read())

@@ -51,9 +51,7 @@ def read_model(session, model_data: str) -> dict[str, bytes]:
         return {m.name: tar.extractfile(m).read() for m in tar.getmembers() if m.isfile()}
 
 
-def test_pytorch_fit_streams_logs_metrics_model_and_checkpoints(
-    local_session, role, fixture_code, capsys, tmp_path
-):
+def test_pytorch_fit_streams_logs_metrics_model_and_checkpoints(local_session, role, fixture_code, capsys, tmp_path):
     data = tmp_path / "data"
     data.mkdir()
     (data / "train.jsonl").write_text('{"a": 1}\n{"a": 2}\n{"a": 3}\n')
@@ -91,9 +89,7 @@ def test_pytorch_fit_streams_logs_metrics_model_and_checkpoints(
     s3 = local_session.boto_session.client("s3")
     saved = s3.get_object(Bucket=local_session.default_bucket(), Key="fixture/checkpoints/state.json")
     assert json.loads(saved["Body"].read()) == {"step": 3}
-    again = pytorch(
-        local_session, role, fixture_code, hyperparameters={"steps": 5}, checkpoint_s3_uri=checkpoints
-    )
+    again = pytorch(local_session, role, fixture_code, hyperparameters={"steps": 5}, checkpoint_s3_uri=checkpoints)
     again.fit(logs=False)
     assert json.loads(read_model(local_session, again.model_data)["result.json"])["resumed_from"] == 3
 
@@ -237,16 +233,12 @@ def test_session_train_and_boto3_waiter(local_session, role, fixture_code, tmp_p
     description = sagemaker.describe_training_job(TrainingJobName="fixture-boto3")
     assert description["TrainingJobStatus"] == "Completed"
     assert description["ModelArtifacts"]["S3ModelArtifacts"].endswith("fixture-boto3/output/model.tar.gz")
-    names = [
-        s["TrainingJobName"] for s in sagemaker.list_training_jobs(MaxResults=10)["TrainingJobSummaries"]
-    ]
+    names = [s["TrainingJobName"] for s in sagemaker.list_training_jobs(MaxResults=10)["TrainingJobSummaries"]]
     assert names == ["fixture-boto3", "fixture-session-train"]  # newest first
 
 
 def test_stop_training_job(local_session, role, fixture_code):
-    estimator = pytorch(
-        local_session, role, fixture_code, hyperparameters={"steps": 200, "step_seconds": 0.5}
-    )
+    estimator = pytorch(local_session, role, fixture_code, hyperparameters={"steps": 200, "step_seconds": 0.5})
     estimator.fit(wait=False)
     job = estimator.latest_training_job
     client = local_session.sagemaker_client
@@ -314,8 +306,9 @@ def job_log(session, job_name: str) -> list[str]:
     streams = logs.describe_log_streams(logGroupName=LOG_GROUP, logStreamNamePrefix=job_name)["logStreams"]
     lines = []
     for stream in streams:
-        events = logs.get_log_events(logGroupName=LOG_GROUP, logStreamName=stream["logStreamName"],
-                                     startFromHead=True)["events"]
+        events = logs.get_log_events(logGroupName=LOG_GROUP, logStreamName=stream["logStreamName"], startFromHead=True)[
+            "events"
+        ]
         lines += [e["message"] for e in events]
     return lines
 
@@ -362,8 +355,9 @@ def test_pytorch_image_interruption_never_reaches_the_script(local_session, role
     assert steps_in(second) == list(range(resumed + 1, 13))  # the lost steps, and only they, run again
 
 
-def test_image_that_passes_sigterm_on_gets_the_scripts_save(local_session, role, monkeypatch, tmp_path,
-                                                            tiny_model_path, offline_data):
+def test_image_that_passes_sigterm_on_gets_the_scripts_save(
+    local_session, role, monkeypatch, tmp_path, tiny_model_path, offline_data
+):
     """sft.py with only the SIGTERM save (no periodic checkpoint): in an image whose entry point
     delivers SIGTERM to the script, it saves the step it is in, and the job resumes from exactly it."""
     from helpers.local_mode import simulate_spot_interruption
@@ -390,8 +384,9 @@ def test_image_that_passes_sigterm_on_gets_the_scripts_save(local_session, role,
     lines = job_log(local_session, name)
     first, second = split_attempts(lines, "resumed from")
     assert any("SIGTERM received" in line for line in first)
-    stopped = [int(m.group(1)) for line in first for m in [re.search(r"stopped by SIGTERM after step (\d+)", line)]
-               if m]
+    stopped = [
+        int(m.group(1)) for line in first for m in [re.search(r"stopped by SIGTERM after step (\d+)", line)] if m
+    ]
     assert len(stopped) == 1 and stopped[0] >= 3
     interrupted = max(steps_in(first))
     assert stopped[0] == interrupted  # it stopped at the end of the step it was in, and saved that one

@@ -37,9 +37,7 @@ LATER_KERNEL = textwrap.dedent(
 def test_second_process_sees_jobs_and_objects(local_session, role, fixture_code, tmp_path):
     from sagemaker.pytorch import PyTorch
 
-    local_session.upload_string_as_file_body(
-        "kept across kernels", local_session.default_bucket(), "fixture/notes.txt"
-    )
+    local_session.upload_string_as_file_body("kept across kernels", local_session.default_bucket(), "fixture/notes.txt")
     estimator = PyTorch(
         entry_point="fixture_train.py", source_dir=str(fixture_code), role=role, instance_type="ml.m5.xlarge",
         instance_count=1, framework_version="2.8.0", py_version="py312", sagemaker_session=local_session,

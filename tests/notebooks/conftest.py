@@ -24,7 +24,7 @@ class NotebookRun:
 
     def s3_file(self, uri: str) -> Path:
         """Local mode mirrors every S3 object on disk: <root>/s3/<bucket>/<key>."""
-        bucket, _, key = uri[len("s3://"):].partition("/")
+        bucket, _, key = uri[len("s3://") :].partition("/")
         return self.local_root / "s3" / bucket / key
 
     def jobs(self, notebook_prefix: str) -> list[dict]:

@@ -35,7 +35,9 @@ def test_sft_conversations_ask_as_the_environments_ask():
     for record in offline_data.chat_records(64):
         messages = record["messages"]
         if messages[0]["content"] == gsm8k_system:
-            assert GSM8KEnvironment().score([{"answer": "#### 0"}], [messages[-1]["content"]])[0]["format_reward"] == 1.0
+            assert (
+                GSM8KEnvironment().score([{"answer": "#### 0"}], [messages[-1]["content"]])[0]["format_reward"] == 1.0
+            )
             kinds["maths"] += 1
         elif messages[0]["role"] == "system":
             assert json.dumps(messages[:2]) in prompts, messages[:2]
@@ -55,8 +57,9 @@ def test_sft_programs_pass_their_problems_tests(tmp_path):
                 stdin, expected = "", test["output"]
             else:
                 source, stdin, expected = program, test["input"], test["output"]
-            out = subprocess.run([sys.executable, "-c", source], input=stdin, capture_output=True, text=True,
-                                 timeout=30, check=True).stdout
+            out = subprocess.run(
+                [sys.executable, "-c", source], input=stdin, capture_output=True, text=True, timeout=30, check=True
+            ).stdout
             if problem.get("float_tolerance"):
                 assert abs(float(out) - float(expected)) < 1e-6, (problem["id"], out, expected)
             else:

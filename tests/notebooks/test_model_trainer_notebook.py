@@ -26,25 +26,35 @@ NOTEBOOK = REPO / "notebooks" / "11_model_trainer_sft.ipynb"
 SDK_V3_KERNEL = "sagemaker-sdk-v3"
 BUCKET = "sagemaker-us-east-1-123456789012"  # local mode's default bucket, as on AWS for its account
 WORKSHOP = f"s3://{BUCKET}/llm-training-loops"
-STATE = {"run_mode": "local", "bucket": BUCKET, "role": "arn:aws:iam::123456789012:role/SageMakerLocalExecutionRole",
-         "model": f"{WORKSHOP}/models/tiny",
-         "channels": {"chat": {"train": f"{WORKSHOP}/data/chat/train", "test": f"{WORKSHOP}/data/chat/test"}}}
+STATE = {
+    "run_mode": "local",
+    "bucket": BUCKET,
+    "role": "arn:aws:iam::123456789012:role/SageMakerLocalExecutionRole",
+    "model": f"{WORKSHOP}/models/tiny",
+    "channels": {"chat": {"train": f"{WORKSHOP}/data/chat/train", "test": f"{WORKSHOP}/data/chat/test"}},
+}
 
 # SDK v2's toolkit settings, sent as hyperparameters by the HuggingFace estimator. ModelTrainer does not
 # use the toolkit: its ContainerEntrypoint runs the SDK's sm_train.sh from channel sm_drivers instead.
-V2_TOOLKIT_HYPERPARAMETERS = {"sagemaker_program", "sagemaker_submit_directory", "sagemaker_torch_distributed_enabled",
-                              "sagemaker_container_log_level", "sagemaker_job_name", "sagemaker_region",
-                              "sagemaker_instance_type"}
+V2_TOOLKIT_HYPERPARAMETERS = {
+    "sagemaker_program",
+    "sagemaker_submit_directory",
+    "sagemaker_torch_distributed_enabled",
+    "sagemaker_container_log_level",
+    "sagemaker_job_name",
+    "sagemaker_region",
+    "sagemaker_instance_type",
+}
 V3_CHANNELS = {"code", "sm_drivers"}  # scripts/ as a folder, and the SDK's drivers (sm_train.sh, torchrun_driver.py)
 # Where the two requests must differ, and why; everything else must be equal.
 ALLOWED_DIFFERENCES = {
     "TrainingJobName": "a new name per request (v2: sft-<date-time-ms>, v3: sft-<YYYYMMDDHHMMSS>)",
     "HyperParameters": f"v2 adds its toolkit's {sorted(V2_TOOLKIT_HYPERPARAMETERS)}; the script's options are equal",
     "AlgorithmSpecification": "v3 adds ContainerEntrypoint/ContainerArguments (sm_train.sh) instead of the toolkit; "
-                              "v2 adds EnableSageMakerMetricsTimeSeries (Studio's metric charts), which ModelTrainer "
-                              "has no setting for (the metric definitions reach CloudWatch either way)",
+    "v2 adds EnableSageMakerMetricsTimeSeries (Studio's metric charts), which ModelTrainer "
+    "has no setting for (the metric definitions reach CloudWatch either way)",
     "InputDataConfig": f"v3 adds channels {sorted(V3_CHANNELS)}; train, test and model are equal, but for the "
-                       "InputMode v3 names on each (File, what v2's channels take from TrainingInputMode)",
+    "InputMode v3 names on each (File, what v2's channels take from TrainingInputMode)",
     "EnableManagedSpotTraining": "the twin runs on managed spot (Compute(enable_managed_spot_training=True)); 01 on demand",
     "StoppingCondition": "MaxWaitTimeInSeconds, required with spot (StoppingCondition(max_wait_time_in_seconds))",
     "CheckpointConfig": "checkpoints to S3, which a spot job resumes from; 01 sets none",
@@ -55,17 +65,38 @@ ALLOWED_DIFFERENCES = {
 
 
 def _save_request(name: str, target: Path) -> str:
-    return (f"import json, pathlib\n"
-            f"pathlib.Path({str(target / name[:2])!r} + '.json').write_text(json.dumps(request, default=str))")
+    return (
+        f"import json, pathlib\n"
+        f"pathlib.Path({str(target / name[:2])!r} + '.json').write_text(json.dumps(request, default=str))"
+    )
 
 
 def _nbval(notebook: Path, env: dict, current_env: bool) -> subprocess.CompletedProcess:
     (notebook.parent / "pytest.ini").write_text("[pytest]\n")
     return subprocess.run(
-        [sys.executable, "-m", "pytest", "--nbval-lax", *(["--nbval-current-env"] if current_env else []),
-         "-p", "no:cacheprovider", "--nbval-sanitize-with", str(HERE / "nbval_sanitize.cfg"),
-         "-c", str(notebook.parent / "pytest.ini"), "--rootdir", str(notebook.parent), "-q", str(notebook)],
-        capture_output=True, text=True, cwd=notebook.parent, env=env, timeout=420)
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "--nbval-lax",
+            *(["--nbval-current-env"] if current_env else []),
+            "-p",
+            "no:cacheprovider",
+            "--nbval-sanitize-with",
+            str(HERE / "nbval_sanitize.cfg"),
+            "-c",
+            str(notebook.parent / "pytest.ini"),
+            "--rootdir",
+            str(notebook.parent),
+            "-q",
+            str(notebook),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=notebook.parent,
+        env=env,
+        timeout=420,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -85,8 +116,10 @@ def cloud_requests(tmp_path_factory) -> dict:
         return next(p for p in notebooks if p.name.startswith(prefix))
 
     try:
-        results = {"01": _nbval(cut("python3", "01"), env, current_env=True),
-                   "11": _nbval(cut(SDK_V3_KERNEL, "11"), env, current_env=False)}
+        results = {
+            "01": _nbval(cut("python3", "01"), env, current_env=True),
+            "11": _nbval(cut(SDK_V3_KERNEL, "11"), env, current_env=False),
+        }
     finally:
         sessions.stop_service(local_root)  # the endpoint outlives the kernel that started it
     requests = {p.stem: json.loads(p.read_text()) for p in dumps.glob("*.json")}
@@ -99,8 +132,9 @@ def test_notebook_11_is_clean_and_runs_in_the_sdk_v3_kernel():
     assert nb.metadata["kernelspec"]["name"] == SDK_V3_KERNEL
     assert [p for p in problems(nb) if not p.startswith("metadata.kernelspec")] == []
     assert len([c for c in nb.cells if is_checked(c)]) == 1
-    lint = subprocess.run([sys.executable, "-m", "ruff", "check", str(NOTEBOOK)], capture_output=True, text=True,
-                          cwd=REPO, timeout=120)
+    lint = subprocess.run(
+        [sys.executable, "-m", "ruff", "check", str(NOTEBOOK)], capture_output=True, text=True, cwd=REPO, timeout=120
+    )
     assert lint.returncode == 0, lint.stdout
 
 
@@ -120,7 +154,9 @@ def test_notebook_11_parameters_are_notebook_01s_cloud_defaults():
 
 def test_request_cells_match_their_stored_outputs(cloud_requests):
     for prefix, result in cloud_requests["nbval"].items():
-        assert result.returncode == 0, f"notebook {prefix}:\n" + result.stdout[:4000] + "\n...\n" + result.stdout[-3000:] + result.stderr[-2000:]
+        assert result.returncode == 0, (
+            f"notebook {prefix}:\n" + result.stdout[:4000] + "\n...\n" + result.stdout[-3000:] + result.stderr[-2000:]
+        )
         assert " passed" in result.stdout
 
 
@@ -167,11 +203,13 @@ def test_the_twin_runs_torchrun_on_every_node(cloud_requests):
     assert json.loads(v2["HyperParameters"]["sagemaker_torch_distributed_enabled"]) is True
     assert json.loads(v2["HyperParameters"]["sagemaker_program"]) == "sft.py"
     drivers_uri = _channels(v3)["sm_drivers"]["DataSource"]["S3DataSource"]["S3Uri"]
-    bucket, _, key = drivers_uri[len("s3://"):].partition("/")
+    bucket, _, key = drivers_uri[len("s3://") :].partition("/")
     drivers = cloud_requests["local_root"] / "s3" / bucket / key  # local mode mirrors S3 on disk
     assert "distributed_drivers/torchrun_driver.py" in (drivers / "sm_train.sh").read_text()
     assert json.loads((drivers / "distributed.json").read_text()) == {"process_count_per_node": None, "smp": None}
     assert json.loads((drivers / "sourcecode.json").read_text())["entry_script"] == "sft.py"
     code_uri = _channels(v3)["code"]["DataSource"]["S3DataSource"]["S3Uri"]
-    bucket, _, key = code_uri[len("s3://"):].partition("/")
-    assert (cloud_requests["local_root"] / "s3" / bucket / key / "sft.py").read_bytes() == (REPO / "scripts" / "sft.py").read_bytes()
+    bucket, _, key = code_uri[len("s3://") :].partition("/")
+    assert (cloud_requests["local_root"] / "s3" / bucket / key / "sft.py").read_bytes() == (
+        REPO / "scripts" / "sft.py"
+    ).read_bytes()

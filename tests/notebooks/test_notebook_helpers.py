@@ -13,10 +13,16 @@ from helpers import cost, errors, job_request, live, metrics, show
 
 # --------------------------------------------------------------------------- metrics
 
+
 def test_metric_lines_parse_as_the_scripts_print_them():
     line = "step=12 loss=0.4312 lr=1.2e-05 grad_norm=-3 tokens=120"
-    assert metrics.parse_metric_line(line) == {"step": 12, "loss": 0.4312, "lr": 1.2e-05, "grad_norm": -3.0,
-                                               "tokens": 120.0}
+    assert metrics.parse_metric_line(line) == {
+        "step": 12,
+        "loss": 0.4312,
+        "lr": 1.2e-05,
+        "grad_norm": -3.0,
+        "tokens": 120.0,
+    }
     # CloudWatch lines may carry a prefix (torchrun's rank tag); other key=value lines are not ours
     assert metrics.parse_metric_line("[1,0]<stdout>:step=3 reward=0.5")["reward"] == 0.5
     assert metrics.parse_metric_line("progress: step 12/100 (12%)") is None
@@ -35,10 +41,18 @@ def test_metric_definitions_read_the_same_values():
 
 
 def test_records_of_one_step_are_merged_in_step_order():
-    records = [{"step": 1, "loss": 2.0}, {"step": 1, "pass_rate": 0.5}, {"step": 3, "loss": 1.0},
-               {"step": 2, "loss": 1.5}, {"step": 3, "loss": 0.9}]
-    assert metrics.merge_by_step(records) == [{"step": 1, "loss": 2.0, "pass_rate": 0.5}, {"step": 2, "loss": 1.5},
-                                              {"step": 3, "loss": 0.9}]
+    records = [
+        {"step": 1, "loss": 2.0},
+        {"step": 1, "pass_rate": 0.5},
+        {"step": 3, "loss": 1.0},
+        {"step": 2, "loss": 1.5},
+        {"step": 3, "loss": 0.9},
+    ]
+    assert metrics.merge_by_step(records) == [
+        {"step": 1, "loss": 2.0, "pass_rate": 0.5},
+        {"step": 2, "loss": 1.5},
+        {"step": 3, "loss": 0.9},
+    ]
 
 
 def test_latest_keeps_the_last_value_of_each_metric():
@@ -50,9 +64,11 @@ def test_latest_keeps_the_last_value_of_each_metric():
 
 # --------------------------------------------------------------------------- cost
 
+
 def test_cost_estimate_multiplies_price_count_and_max_run():
-    estimate = cost.estimate("ml.p5.48xlarge", 2, 3 * 3600, use_spot=True, max_wait_seconds=6 * 3600,
-                             ask_pricing_api=False)
+    estimate = cost.estimate(
+        "ml.p5.48xlarge", 2, 3 * 3600, use_spot=True, max_wait_seconds=6 * 3600, ask_pricing_api=False
+    )
     rate = cost.ON_DEMAND_USD_PER_HOUR["ml.p5.48xlarge"]
     assert estimate.on_demand_ceiling == pytest.approx(rate * 2 * 3)
     low, high = estimate.spot_range
@@ -63,9 +79,13 @@ def test_cost_estimate_multiplies_price_count_and_max_run():
 
 def test_clusters_for_the_same_run_are_priced_group_by_group():
     comparison = cost.compare_clusters(
-        {"2 x p5": [("homogeneousCluster", "ml.p5.48xlarge", 2)],
-         "p5 + 4 x c7i": [("learner", "ml.p5.48xlarge", 1), ("judge", "ml.c7i.16xlarge", 4)]},
-        8 * 3600, ask_pricing_api=False)
+        {
+            "2 x p5": [("homogeneousCluster", "ml.p5.48xlarge", 2)],
+            "p5 + 4 x c7i": [("learner", "ml.p5.48xlarge", 1), ("judge", "ml.c7i.16xlarge", 4)],
+        },
+        8 * 3600,
+        ask_pricing_api=False,
+    )
     p5, c7i = cost.ON_DEMAND_USD_PER_HOUR["ml.p5.48xlarge"], cost.ON_DEMAND_USD_PER_HOUR["ml.c7i.16xlarge"]
     today, hetero = comparison.clusters
     assert today.usd_per_hour == pytest.approx(2 * p5) and today.on_demand_ceiling == pytest.approx(16 * p5)
@@ -99,14 +119,18 @@ def test_unknown_instance_type_names_the_table():
 
 # --------------------------------------------------------------------------- launch errors
 
+
 def _client_error(code: str, message: str) -> ClientError:
     return ClientError({"Error": {"Code": code, "Message": message}}, "CreateTrainingJob")
 
 
 def test_zero_quota_is_explained_with_the_quota_to_raise():
-    error = _client_error("ResourceLimitExceeded", "The account-level service limit 'ml.p5.48xlarge for training "
-                          "job usage' is 0 Instances, with current utilization of 0 Instances and a request delta "
-                          "of 2 Instances.")
+    error = _client_error(
+        "ResourceLimitExceeded",
+        "The account-level service limit 'ml.p5.48xlarge for training "
+        "job usage' is 0 Instances, with current utilization of 0 Instances and a request delta "
+        "of 2 Instances.",
+    )
     with pytest.raises(errors.LaunchError) as raised:
         with errors.explain_launch_errors("ml.p5.48xlarge", 2, "us-east-1"):
             raise error
@@ -115,11 +139,17 @@ def test_zero_quota_is_explained_with_the_quota_to_raise():
     assert raised.value.__cause__ is error
 
 
-@pytest.mark.parametrize("error, expected", [
-    (_client_error("CapacityError", "Unable to provision requested ML compute capacity."), "no free ml.p5.48xlarge capacity"),
-    (_client_error("ValidationException", "Could not assume role arn:aws:iam::1:role/x"), "iam:PassRole"),
-    (NoCredentialsError(), "run_mode='local'"),
-])
+@pytest.mark.parametrize(
+    "error, expected",
+    [
+        (
+            _client_error("CapacityError", "Unable to provision requested ML compute capacity."),
+            "no free ml.p5.48xlarge capacity",
+        ),
+        (_client_error("ValidationException", "Could not assume role arn:aws:iam::1:role/x"), "iam:PassRole"),
+        (NoCredentialsError(), "run_mode='local'"),
+    ],
+)
 def test_known_launch_errors_get_a_fix(error, expected):
     assert expected in errors.explain(error, "ml.p5.48xlarge", 2, "us-east-1")
 
@@ -131,8 +161,12 @@ def test_unknown_errors_pass_through_untouched():
 
 
 def test_failed_job_with_capacity_error_is_explained():
-    guidance = errors.explain_failure({"FailureReason": "CapacityError: Unable to provision requested ML compute "
-                                       "capacity.", "ResourceConfig": {"InstanceType": "ml.p5.48xlarge"}})
+    guidance = errors.explain_failure(
+        {
+            "FailureReason": "CapacityError: Unable to provision requested ML compute capacity.",
+            "ResourceConfig": {"InstanceType": "ml.p5.48xlarge"},
+        }
+    )
     assert "capacity" in guidance and "ml.p5.48xlarge" in guidance
 
 
@@ -187,13 +221,24 @@ def test_show_reads_the_real_scripts():
 
 REQUEST = {
     "TrainingJobName": "grpo-1",
-    "AlgorithmSpecification": {"TrainingImage": "img:1", "TrainingInputMode": "File",
-                               "MetricDefinitions": metrics.metric_definitions("reward")},
+    "AlgorithmSpecification": {
+        "TrainingImage": "img:1",
+        "TrainingInputMode": "File",
+        "MetricDefinitions": metrics.metric_definitions("reward"),
+    },
     "RoleArn": "arn:aws:iam::123456789012:role/r",
-    "HyperParameters": {"sagemaker_program": '"grpo.py"', "sagemaker_torch_distributed_enabled": "true",
-                        "sagemaker_submit_directory": '"s3://b/code.tar.gz"', "max_steps": "3"},
-    "InputDataConfig": [{"ChannelName": "train", "DataSource": {"S3DataSource": {
-        "S3DataType": "S3Prefix", "S3Uri": "s3://b/data/train"}}}],
+    "HyperParameters": {
+        "sagemaker_program": '"grpo.py"',
+        "sagemaker_torch_distributed_enabled": "true",
+        "sagemaker_submit_directory": '"s3://b/code.tar.gz"',
+        "max_steps": "3",
+    },
+    "InputDataConfig": [
+        {
+            "ChannelName": "train",
+            "DataSource": {"S3DataSource": {"S3DataType": "S3Prefix", "S3Uri": "s3://b/data/train"}},
+        }
+    ],
     "OutputDataConfig": {"S3OutputPath": "s3://b/jobs"},
     "ResourceConfig": {"InstanceType": "ml.p5.48xlarge", "InstanceCount": 2, "VolumeSizeInGB": 300},
     "StoppingCondition": {"MaxRuntimeInSeconds": 3600, "MaxWaitTimeInSeconds": 7200},
@@ -214,11 +259,25 @@ def test_summary_lists_the_fields_that_decide_the_job():
 
 
 def test_summary_of_a_heterogeneous_cluster_names_each_group():
-    resources = {"InstanceGroups": [{"InstanceGroupName": "learner", "InstanceType": "ml.p5.48xlarge", "InstanceCount": 1},
-                                    {"InstanceGroupName": "judge", "InstanceType": "ml.c7i.16xlarge", "InstanceCount": 4}],
-                 "VolumeSizeInGB": 300}
-    channels = [{"ChannelName": "train", "DataSource": {"S3DataSource": {
-        "S3DataType": "S3Prefix", "S3Uri": "s3://b/data/train", "InstanceGroupNames": ["learner"]}}}]
+    resources = {
+        "InstanceGroups": [
+            {"InstanceGroupName": "learner", "InstanceType": "ml.p5.48xlarge", "InstanceCount": 1},
+            {"InstanceGroupName": "judge", "InstanceType": "ml.c7i.16xlarge", "InstanceCount": 4},
+        ],
+        "VolumeSizeInGB": 300,
+    }
+    channels = [
+        {
+            "ChannelName": "train",
+            "DataSource": {
+                "S3DataSource": {
+                    "S3DataType": "S3Prefix",
+                    "S3Uri": "s3://b/data/train",
+                    "InstanceGroupNames": ["learner"],
+                }
+            },
+        }
+    ]
     lines = job_request.summary_lines({**REQUEST, "ResourceConfig": resources, "InputDataConfig": channels})
     assert "InstanceGroups: learner 1 x ml.p5.48xlarge, judge 4 x ml.c7i.16xlarge" in lines
     assert not [line for line in lines if line.startswith(("InstanceType", "InstanceCount"))]
@@ -233,13 +292,17 @@ def test_record_requests_sees_exactly_what_the_client_sends():
     seen = []
     job_request.record_requests(client, seen.append)
     with Stubber(client) as stub:
-        stub.add_response("create_training_job", {"TrainingJobArn": "arn:aws:sagemaker:us-east-1:1:training-job/grpo-1"},
-                          {k: v for k, v in REQUEST.items()})
+        stub.add_response(
+            "create_training_job",
+            {"TrainingJobArn": "arn:aws:sagemaker:us-east-1:1:training-job/grpo-1"},
+            {k: v for k, v in REQUEST.items()},
+        )
         client.create_training_job(**REQUEST)
     assert seen == [json.loads(json.dumps(REQUEST))]
 
 
 # --------------------------------------------------------------------------- live view
+
 
 class _FakeLogs:
     class exceptions:
@@ -273,10 +336,14 @@ class _FakeSession:
         class SageMaker:
             def describe_training_job(self, TrainingJobName):
                 status = statuses.pop(0) if len(statuses) > 1 else statuses[0]
-                return {"TrainingJobName": TrainingJobName, "TrainingJobStatus": status[0],
-                        "SecondaryStatus": status[1], "FailureReason": failure,
-                        "ResourceConfig": {"InstanceType": "ml.p5.48xlarge", "InstanceCount": 1},
-                        "SecondaryStatusTransitions": [{"Status": status[1], "StatusMessage": "msg"}]}
+                return {
+                    "TrainingJobName": TrainingJobName,
+                    "TrainingJobStatus": status[0],
+                    "SecondaryStatus": status[1],
+                    "FailureReason": failure,
+                    "ResourceConfig": {"InstanceType": "ml.p5.48xlarge", "InstanceCount": 1},
+                    "SecondaryStatusTransitions": [{"Status": status[1], "StatusMessage": "msg"}],
+                }
 
         class Boto:
             def client(self, name, **_):
@@ -289,7 +356,8 @@ class _FakeSession:
 def test_watch_follows_a_job_to_completion_in_plain_text(capsys):
     session = _FakeSession(
         [("InProgress", "Starting"), ("InProgress", "Training"), ("Completed", "Completed")],
-        [["toolkit starting"], ["step=1 loss=2.0", "step=2 loss=1.5"], ["step=3 loss=1.0", "done"]])
+        [["toolkit starting"], ["step=1 loss=2.0", "step=2 loss=1.5"], ["step=3 loss=1.0", "done"]],
+    )
     result = live.watch(session, "job", max_steps=3, poll_seconds=0.01, widgets=False)
     assert result.status == "Completed"
     assert [r["step"] for r in result.records] == [1, 2, 3] and result.final_metrics["loss"] == 1.0
@@ -298,15 +366,20 @@ def test_watch_follows_a_job_to_completion_in_plain_text(capsys):
 
 
 def test_watch_keeps_the_later_value_of_a_step_logged_twice():
-    session = _FakeSession([("InProgress", "Training"), ("Completed", "Completed")],
-                           [["step=1 loss=2.0", "step=2 loss=1.5"], ["step=2 loss=1.4", "step=3 loss=1.0"]])
+    session = _FakeSession(
+        [("InProgress", "Training"), ("Completed", "Completed")],
+        [["step=1 loss=2.0", "step=2 loss=1.5"], ["step=2 loss=1.4", "step=3 loss=1.0"]],
+    )
     result = live.watch(session, "job", max_steps=3, poll_seconds=0.01, widgets=False)
     assert [(r["step"], r["loss"]) for r in result.records] == [(1, 2.0), (2, 1.4), (3, 1.0)]
 
 
 def test_watch_raises_with_the_reason_and_the_fix_when_the_job_fails():
-    session = _FakeSession([("Failed", "Failed")], [["Traceback...", "ValueError: bad row"]],
-                           failure="CapacityError: Unable to provision requested ML compute capacity.")
+    session = _FakeSession(
+        [("Failed", "Failed")],
+        [["Traceback...", "ValueError: bad row"]],
+        failure="CapacityError: Unable to provision requested ML compute capacity.",
+    )
     with pytest.raises(live.JobFailed, match="(?s)CapacityError.*retry later.*ValueError: bad row"):
         live.watch(session, "job", poll_seconds=0.01, widgets=False)
 
@@ -320,17 +393,39 @@ def test_widgets_are_off_outside_a_jupyter_front_end(monkeypatch):
 
 # --------------------------------------------------------------------------- main-job summary
 
+
 def test_summary_names_the_failing_notebook_and_cell(tmp_path):
     from helpers import run_notebooks
 
-    results = [{"notebook": "00_setup_and_data.ipynb", "status": "ok", "seconds": 3.0},
-               {"notebook": "01_estimator_sft.ipynb", "status": "failed", "seconds": 5.0,
-                "cell": "cell 7: show(...)", "error": "LookupError: no 'x'"}]
+    results = [
+        {"notebook": "00_setup_and_data.ipynb", "status": "ok", "seconds": 3.0},
+        {
+            "notebook": "01_estimator_sft.ipynb",
+            "status": "failed",
+            "seconds": 5.0,
+            "cell": "cell 7: show(...)",
+            "error": "LookupError: no 'x'",
+        },
+    ]
     state = tmp_path / "state.json"
-    state.write_text(json.dumps({"jobs": [{"notebook": "01", "job_name": "sft-1", "status": "Completed",
-                                           "final_metrics": {"step": 4, "loss": 1.25}}],
-                                 "evaluation": {"base": {"accuracy": 0.25, "n": 8, "job_name": "e1"},
-                                                "trained": {"accuracy": 0.5, "n": 8, "job_name": "e2"}}}))
+    state.write_text(
+        json.dumps(
+            {
+                "jobs": [
+                    {
+                        "notebook": "01",
+                        "job_name": "sft-1",
+                        "status": "Completed",
+                        "final_metrics": {"step": 4, "loss": 1.25},
+                    }
+                ],
+                "evaluation": {
+                    "base": {"accuracy": 0.25, "n": 8, "job_name": "e1"},
+                    "trained": {"accuracy": 0.5, "n": 8, "job_name": "e2"},
+                },
+            }
+        )
+    )
     summary = run_notebooks.build_summary(results, state, tmp_path)
     text = run_notebooks.render_markdown(summary)
     assert not summary["ok"]
@@ -341,9 +436,15 @@ def test_summary_names_the_failing_notebook_and_cell(tmp_path):
 
 def test_widget_view_shows_status_progress_and_metrics():
     view = live._WidgetView("job", 4)
-    view.update({"TrainingJobStatus": "InProgress", "SecondaryStatus": "Training",
-                 "SecondaryStatusTransitions": [{"Status": "Training", "StatusMessage": "in progress"}]},
-                [{"step": 1, "loss": 2.0}, {"step": 2, "loss": 1.5}], ["line 1", "line 2"])
+    view.update(
+        {
+            "TrainingJobStatus": "InProgress",
+            "SecondaryStatus": "Training",
+            "SecondaryStatusTransitions": [{"Status": "Training", "StatusMessage": "in progress"}],
+        },
+        [{"step": 1, "loss": 2.0}, {"step": 2, "loss": 1.5}],
+        ["line 1", "line 2"],
+    )
     assert view.progress.value == 2 and view.progress.max == 4 and view.step_label.value == "2/4"
     assert "InProgress / Training - in progress" in view.status.value
     assert "<td>loss</td><td>1.5</td>" in view.metrics.value and view.log.value.endswith("line 2")
@@ -353,10 +454,16 @@ def test_pricing_api_answer_is_read_from_the_on_demand_terms():
     import boto3
     from botocore.stub import Stubber
 
-    product = {"product": {"attributes": {"instanceName": "ml.p5.48xlarge", "usagetype": "USE1-Train:ml.p5.48xlarge",
-                                          "component": "Training"}},
-               "terms": {"OnDemand": {"T1": {"priceDimensions": {"D1": {"unit": "Hrs",
-                                                                        "pricePerUnit": {"USD": "63.296"}}}}}}}
+    product = {
+        "product": {
+            "attributes": {
+                "instanceName": "ml.p5.48xlarge",
+                "usagetype": "USE1-Train:ml.p5.48xlarge",
+                "component": "Training",
+            }
+        },
+        "terms": {"OnDemand": {"T1": {"priceDimensions": {"D1": {"unit": "Hrs", "pricePerUnit": {"USD": "63.296"}}}}}},
+    }
     session = boto3.Session(aws_access_key_id="x", aws_secret_access_key="y", region_name="us-east-1")
     client = session.client("pricing", region_name="us-east-1")
     stubber = Stubber(client)
@@ -416,12 +523,24 @@ def test_summary_says_what_each_curve_did(tmp_path):
     stream.parent.mkdir(parents=True)
     stream.write_text("".join(json.dumps({"t": t, "m": m}) + "\n" for t, m in enumerate(lines)))
     state = tmp_path / "state.json"
-    state.write_text(json.dumps({"jobs": [{
-        "notebook": "03_boto3_grpo", "job_name": "grpo-1", "status": "Completed",
-        "model_data": "s3://b/grpo-1/output/model.tar.gz",
-        "request": {"HyperParameters": {"sagemaker_program": json.dumps("grpo.py")}}}]}))
-    summary = run_notebooks.build_summary([{"notebook": "03_boto3_grpo.ipynb", "status": "ok", "seconds": 1.0}],
-                                          state, tmp_path)
+    state.write_text(
+        json.dumps(
+            {
+                "jobs": [
+                    {
+                        "notebook": "03_boto3_grpo",
+                        "job_name": "grpo-1",
+                        "status": "Completed",
+                        "model_data": "s3://b/grpo-1/output/model.tar.gz",
+                        "request": {"HyperParameters": {"sagemaker_program": json.dumps("grpo.py")}},
+                    }
+                ]
+            }
+        )
+    )
+    summary = run_notebooks.build_summary(
+        [{"notebook": "03_boto3_grpo.ipynb", "status": "ok", "seconds": 1.0}], state, tmp_path
+    )
     curves = {c["metric"]: c for c in summary["curves"]}
     assert set(curves) == {"reward", "format_reward", "frac_reward_zero_std"}
     assert (curves["reward"]["first"], curves["reward"]["last"], curves["reward"]["steps"]) == (0.1, 0.9, 6)

@@ -21,8 +21,13 @@ def test_there_are_seven_numbered_notebooks():
 
 
 def test_ruff_passes_on_the_notebooks():
-    result = subprocess.run([sys.executable, "-m", "ruff", "check", *map(str, NOTEBOOKS)],
-                            capture_output=True, text=True, cwd=REPO, timeout=120)
+    result = subprocess.run(
+        [sys.executable, "-m", "ruff", "check", *map(str, NOTEBOOKS)],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=120,
+    )
     assert result.returncode == 0, result.stdout + result.stderr
 
 
@@ -74,12 +79,16 @@ def test_the_ci_parameters_are_parameters_of_the_notebooks(model):
 
 
 def test_strip_removes_outputs_but_keeps_checked_ones():
-    nb = nbformat.v4.new_notebook(cells=[
-        nbformat.v4.new_code_cell("x = 1", execution_count=3,
-                                  outputs=[nbformat.v4.new_output("stream", text="noise")]),
-        nbformat.v4.new_code_cell(f"{CHECK_MARK}\nprint(1)", execution_count=4,
-                                  outputs=[nbformat.v4.new_output("stream", text="1\n")]),
-    ])
+    nb = nbformat.v4.new_notebook(
+        cells=[
+            nbformat.v4.new_code_cell(
+                "x = 1", execution_count=3, outputs=[nbformat.v4.new_output("stream", text="noise")]
+            ),
+            nbformat.v4.new_code_cell(
+                f"{CHECK_MARK}\nprint(1)", execution_count=4, outputs=[nbformat.v4.new_output("stream", text="1\n")]
+            ),
+        ]
+    )
     nb.metadata["papermill"] = {"duration": 1}
     strip(nb)
     assert nb.cells[0].outputs == [] and nb.cells[0].execution_count is None

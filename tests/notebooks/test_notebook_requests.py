@@ -27,8 +27,10 @@ from helpers.notebook_hygiene import cut_notebooks, kernel_environment
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
 PYTORCH_IMAGE = "763104351884.dkr.ecr.us-east-1.amazonaws.com/pytorch-training:2.8.0-gpu-py312"
-HF_IMAGE = ("763104351884.dkr.ecr.us-east-1.amazonaws.com/huggingface-pytorch-training:"
-            "2.8.0-transformers4.56.2-gpu-py312-cu129-ubuntu22.04")
+HF_IMAGE = (
+    "763104351884.dkr.ecr.us-east-1.amazonaws.com/huggingface-pytorch-training:"
+    "2.8.0-transformers4.56.2-gpu-py312-cu129-ubuntu22.04"
+)
 
 
 @pytest.fixture(scope="module")
@@ -45,10 +47,29 @@ def cloud_requests(notebook_run, tmp_path_factory) -> dict:
     notebooks = cut_notebooks(tmp_path, notebook_run.out / "work", save_request)
     (tmp_path / "pytest.ini").write_text("[pytest]\n")
     result = subprocess.run(
-        [sys.executable, "-m", "pytest", "--nbval-lax", "--nbval-current-env", "-p", "no:cacheprovider",
-         "--nbval-sanitize-with", str(HERE / "nbval_sanitize.cfg"), "-c", str(tmp_path / "pytest.ini"),
-         "--rootdir", str(tmp_path), "-q", *map(str, notebooks)],
-        capture_output=True, text=True, cwd=tmp_path, env=kernel_environment(notebook_run.local_root), timeout=420)
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "--nbval-lax",
+            "--nbval-current-env",
+            "-p",
+            "no:cacheprovider",
+            "--nbval-sanitize-with",
+            str(HERE / "nbval_sanitize.cfg"),
+            "-c",
+            str(tmp_path / "pytest.ini"),
+            "--rootdir",
+            str(tmp_path),
+            "-q",
+            *map(str, notebooks),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env=kernel_environment(notebook_run.local_root),
+        timeout=420,
+    )
     requests = {p.stem: json.loads(p.read_text()) for p in dumps.glob("*.json")}
     return {"nbval": result, "requests": requests, "count": len(notebooks)}
 
@@ -72,24 +93,79 @@ def _hyperparameters(request: dict) -> dict:
 
 # The cloud configuration each notebook promises (its parameters cell's defaults).
 CLOUD = {
-    "01": dict(image=HF_IMAGE, instance_type="ml.p4de.24xlarge", count=2, spot=False, isolation=False, torchrun=True,
-               checkpoint=False, max_run=2 * 3600, program="sft.py",
-               options={"max_steps": 300, "batch_size": 64, "per_device_batch_size": 4, "max_length": 2048}),
-    "02": dict(image=PYTORCH_IMAGE, instance_type="ml.p4de.24xlarge", count=1, spot=False, isolation=False,
-               torchrun=True, checkpoint=False, max_run=2 * 3600, program="dpo.py",
-               options={"max_steps": 200, "batch_size": 32, "beta": 0.1, "max_length": 1024}),
-    "03": dict(image=PYTORCH_IMAGE, instance_type="ml.p5.48xlarge", count=1, spot=False, isolation=False,
-               torchrun=True, checkpoint=True, max_run=8 * 3600, program="grpo.py",
-               options={"max_steps": 200, "prompts_per_step": 64, "num_generations": 8, "max_new_tokens": 512}),
-    "04": dict(image=PYTORCH_IMAGE, instance_type="ml.p5.48xlarge", count=2, spot=False, isolation=True,
-               torchrun=True, checkpoint=False, max_run=8 * 3600, program="code_rl.py",
-               options={"max_steps": 100, "prompts_per_step": 32, "num_generations": 8}),
-    "05": dict(image=PYTORCH_IMAGE, instance_type="ml.p5.48xlarge", count=1, spot=True, isolation=False,
-               torchrun=True, checkpoint=True, max_run=8 * 3600, max_wait=16 * 3600, program="grpo.py",
-               options={"max_steps": 200, "checkpoint_every": 0, "checkpoint_every_minutes": 10}),
-    "06": dict(image=PYTORCH_IMAGE, instance_type="ml.g5.2xlarge", count=1, spot=False, isolation=False,
-               torchrun=False, checkpoint=False, max_run=3600, program="evaluate.py",
-               options={"max_examples": 500, "environment": "gsm8k"}),
+    "01": dict(
+        image=HF_IMAGE,
+        instance_type="ml.p4de.24xlarge",
+        count=2,
+        spot=False,
+        isolation=False,
+        torchrun=True,
+        checkpoint=False,
+        max_run=2 * 3600,
+        program="sft.py",
+        options={"max_steps": 300, "batch_size": 64, "per_device_batch_size": 4, "max_length": 2048},
+    ),
+    "02": dict(
+        image=PYTORCH_IMAGE,
+        instance_type="ml.p4de.24xlarge",
+        count=1,
+        spot=False,
+        isolation=False,
+        torchrun=True,
+        checkpoint=False,
+        max_run=2 * 3600,
+        program="dpo.py",
+        options={"max_steps": 200, "batch_size": 32, "beta": 0.1, "max_length": 1024},
+    ),
+    "03": dict(
+        image=PYTORCH_IMAGE,
+        instance_type="ml.p5.48xlarge",
+        count=1,
+        spot=False,
+        isolation=False,
+        torchrun=True,
+        checkpoint=True,
+        max_run=8 * 3600,
+        program="grpo.py",
+        options={"max_steps": 200, "prompts_per_step": 64, "num_generations": 8, "max_new_tokens": 512},
+    ),
+    "04": dict(
+        image=PYTORCH_IMAGE,
+        instance_type="ml.p5.48xlarge",
+        count=2,
+        spot=False,
+        isolation=True,
+        torchrun=True,
+        checkpoint=False,
+        max_run=8 * 3600,
+        program="code_rl.py",
+        options={"max_steps": 100, "prompts_per_step": 32, "num_generations": 8},
+    ),
+    "05": dict(
+        image=PYTORCH_IMAGE,
+        instance_type="ml.p5.48xlarge",
+        count=1,
+        spot=True,
+        isolation=False,
+        torchrun=True,
+        checkpoint=True,
+        max_run=8 * 3600,
+        max_wait=16 * 3600,
+        program="grpo.py",
+        options={"max_steps": 200, "checkpoint_every": 0, "checkpoint_every_minutes": 10},
+    ),
+    "06": dict(
+        image=PYTORCH_IMAGE,
+        instance_type="ml.g5.2xlarge",
+        count=1,
+        spot=False,
+        isolation=False,
+        torchrun=False,
+        checkpoint=False,
+        max_run=3600,
+        program="evaluate.py",
+        options={"max_examples": 500, "environment": "gsm8k"},
+    ),
 }
 
 

@@ -20,25 +20,93 @@ from helpers.metrics import merge_by_step
 # What each notebook must send, whatever the run mode: its cloud configuration. (The CI
 # parameters change the model, data and steps only.)
 PYTORCH_IMAGE = "763104351884.dkr.ecr.us-east-1.amazonaws.com/pytorch-training:2.8.0-gpu-py312"
-HF_IMAGE = ("763104351884.dkr.ecr.us-east-1.amazonaws.com/huggingface-pytorch-training:"
-            "2.8.0-transformers4.56.2-gpu-py312-cu129-ubuntu22.04")
+HF_IMAGE = (
+    "763104351884.dkr.ecr.us-east-1.amazonaws.com/huggingface-pytorch-training:"
+    "2.8.0-transformers4.56.2-gpu-py312-cu129-ubuntu22.04"
+)
 EXPECTED_REQUESTS = {
-    "01": dict(jobs=1, program="sft.py", image=HF_IMAGE, instance_type="ml.p4de.24xlarge", count=2, spot=False,
-               checkpoint=False, torchrun=True, isolation=False, channels={"train", "test", "model"}),
-    "02": dict(jobs=1, program="dpo.py", image=PYTORCH_IMAGE, instance_type="ml.p4de.24xlarge", count=1, spot=False,
-               checkpoint=False, torchrun=True, isolation=False, channels={"train", "test", "model"}),
-    "03": dict(jobs=1, program="grpo.py", image=PYTORCH_IMAGE, instance_type="ml.p5.48xlarge", count=1, spot=False,
-               checkpoint=True, torchrun=True, isolation=False, channels={"train", "model"}),
-    "04": dict(jobs=1, program="code_rl.py", image=PYTORCH_IMAGE, instance_type="ml.p5.48xlarge", count=2,
-               spot=False, checkpoint=False, torchrun=True, isolation=True, channels={"train", "model", "code"}),
-    "05": dict(jobs=1, program="grpo.py", image=PYTORCH_IMAGE, instance_type="ml.p5.48xlarge", count=1, spot=True,
-               checkpoint=True, torchrun=True, isolation=False, channels={"train", "model"}),
-    "06": dict(jobs=2, program="evaluate.py", image=PYTORCH_IMAGE, instance_type="ml.g5.2xlarge", count=1,
-               spot=False, checkpoint=False, torchrun=False, isolation=False, channels={"test", "model"}),
+    "01": dict(
+        jobs=1,
+        program="sft.py",
+        image=HF_IMAGE,
+        instance_type="ml.p4de.24xlarge",
+        count=2,
+        spot=False,
+        checkpoint=False,
+        torchrun=True,
+        isolation=False,
+        channels={"train", "test", "model"},
+    ),
+    "02": dict(
+        jobs=1,
+        program="dpo.py",
+        image=PYTORCH_IMAGE,
+        instance_type="ml.p4de.24xlarge",
+        count=1,
+        spot=False,
+        checkpoint=False,
+        torchrun=True,
+        isolation=False,
+        channels={"train", "test", "model"},
+    ),
+    "03": dict(
+        jobs=1,
+        program="grpo.py",
+        image=PYTORCH_IMAGE,
+        instance_type="ml.p5.48xlarge",
+        count=1,
+        spot=False,
+        checkpoint=True,
+        torchrun=True,
+        isolation=False,
+        channels={"train", "model"},
+    ),
+    "04": dict(
+        jobs=1,
+        program="code_rl.py",
+        image=PYTORCH_IMAGE,
+        instance_type="ml.p5.48xlarge",
+        count=2,
+        spot=False,
+        checkpoint=False,
+        torchrun=True,
+        isolation=True,
+        channels={"train", "model", "code"},
+    ),
+    "05": dict(
+        jobs=1,
+        program="grpo.py",
+        image=PYTORCH_IMAGE,
+        instance_type="ml.p5.48xlarge",
+        count=1,
+        spot=True,
+        checkpoint=True,
+        torchrun=True,
+        isolation=False,
+        channels={"train", "model"},
+    ),
+    "06": dict(
+        jobs=2,
+        program="evaluate.py",
+        image=PYTORCH_IMAGE,
+        instance_type="ml.g5.2xlarge",
+        count=1,
+        spot=False,
+        checkpoint=False,
+        torchrun=False,
+        isolation=False,
+        channels={"test", "model"},
+    ),
 }
 # A metric each script must report (in its metric lines and metrics.jsonl).
-EXPECTED_METRICS = {"01": "loss", "02": "rewards_accuracies", "03": "reward", "04": "pass_rate", "05": "reward",
-                    "06": "accuracy"}
+EXPECTED_METRICS = {
+    "01": "loss",
+    "02": "rewards_accuracies",
+    "03": "reward",
+    "04": "pass_rate",
+    "05": "reward",
+    "06": "accuracy",
+}
 
 
 def _decode(value: str):
@@ -49,8 +117,11 @@ def _decode(value: str):
 
 
 def test_every_notebook_ran(notebook_run):
-    failed = [f"{r['notebook']} at {r.get('cell')}: {r.get('error')}" for r in notebook_run.summary["notebooks"]
-              if r["status"] != "ok"]
+    failed = [
+        f"{r['notebook']} at {r.get('cell')}: {r.get('error')}"
+        for r in notebook_run.summary["notebooks"]
+        if r["status"] != "ok"
+    ]
     assert not failed, "\n".join(failed)
     assert len(notebook_run.summary["notebooks"]) == len(run_notebooks.notebooks())  # 00-06 jobs, 07+ sessions
 
@@ -139,8 +210,12 @@ def test_grpo_model_was_evaluated_before_and_after(notebook_run):
     for label in ("base", "trained"):
         assert 0.0 <= evaluation[label]["accuracy"] <= 1.0
     requests = {job["job_name"]: job["request"] for job in notebook_run.jobs("06")}
-    models = {name: next(c["DataSource"]["S3DataSource"]["S3Uri"] for c in request["InputDataConfig"]
-                         if c["ChannelName"] == "model") for name, request in requests.items()}
+    models = {
+        name: next(
+            c["DataSource"]["S3DataSource"]["S3Uri"] for c in request["InputDataConfig"] if c["ChannelName"] == "model"
+        )
+        for name, request in requests.items()
+    }
     assert models[evaluation["base"]["job_name"]].rstrip("/") == state["model"].rstrip("/")
     assert state["grpo_job"] in models[evaluation["trained"]["job_name"]]
     assert "accuracy" in (notebook_run.out / "summary.md").read_text()
@@ -199,7 +274,10 @@ def test_sft_loss_falls(notebook_run):
 
 
 def test_dpo_learns_to_prefer_the_chosen_answers(notebook_run):
-    accuracies, margins = _curve(notebook_run, "02", "rewards_accuracies"), _curve(notebook_run, "02", "rewards_margins")
+    accuracies, margins = (
+        _curve(notebook_run, "02", "rewards_accuracies"),
+        _curve(notebook_run, "02", "rewards_margins"),
+    )
     assert len(accuracies) == run_notebooks.CI_PARAMETERS["02"]["max_steps"]
     assert _ends(accuracies)[1] > _ends(accuracies)[0] + 0.2, accuracies
     assert _ends(margins)[1] > _ends(margins)[0] + 0.05, margins
@@ -224,7 +302,9 @@ def test_code_rl_writes_programs_more_often(notebook_run):
 
 def test_held_out_accuracy_rises_with_the_same_checker(notebook_run):
     evaluation = notebook_run.state["evaluation"]
-    assert evaluation["trained"]["n"] == evaluation["base"]["n"] == run_notebooks.CI_PARAMETERS["06"]["max_eval_examples"]
+    assert (
+        evaluation["trained"]["n"] == evaluation["base"]["n"] == run_notebooks.CI_PARAMETERS["06"]["max_eval_examples"]
+    )
     assert evaluation["trained"]["accuracy"] > evaluation["base"]["accuracy"] + 0.1, evaluation
 
 
@@ -232,6 +312,10 @@ def test_summary_says_what_each_curve_shows(notebook_run):
     text = (notebook_run.out / "summary.md").read_text()
     assert "What the curves show" in text
     shown = {(c["notebook"][:2], c["metric"]) for c in notebook_run.summary["curves"]}
-    assert {("01", "loss"), ("02", "rewards_accuracies"), ("03", "reward"), ("04", "no_code_rate"),
-            ("05", "reward")} <= shown
-
+    assert {
+        ("01", "loss"),
+        ("02", "rewards_accuracies"),
+        ("03", "reward"),
+        ("04", "no_code_rate"),
+        ("05", "reward"),
+    } <= shown

@@ -36,9 +36,13 @@ def test_converted_model_is_an_ordinary_checkpoint_that_answers_in_sentences(smo
     assert 130e6 < sum(p.numel() for p in model.parameters()) < 140e6
     assert getattr(model.config, "quantization_config", None) is None
     model.save_pretrained(tmp_path / "trained")  # what every training job does with it
-    prompt = tokenizer.apply_chat_template([{"role": "user", "content": "What is the capital of France?"}],
-                                           add_generation_prompt=True, return_tensors="pt", return_dict=True)
+    prompt = tokenizer.apply_chat_template(
+        [{"role": "user", "content": "What is the capital of France?"}],
+        add_generation_prompt=True,
+        return_tensors="pt",
+        return_dict=True,
+    )
     with torch.no_grad():
         reply = model.generate(**prompt, max_new_tokens=16, do_sample=False)
-    text = tokenizer.decode(reply[0, prompt["input_ids"].shape[1]:], skip_special_tokens=True)
+    text = tokenizer.decode(reply[0, prompt["input_ids"].shape[1] :], skip_special_tokens=True)
     assert "Paris" in text, text

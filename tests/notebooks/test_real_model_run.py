@@ -69,14 +69,19 @@ def test_sft_loss_on_the_chat_data_falls(smollm2_run):
 
 
 def test_dpo_preference_accuracy_and_margin_rise(smollm2_run):
-    accuracies, margins = (_curve(smollm2_run, "02", "rewards_accuracies"),
-                           _curve(smollm2_run, "02", "rewards_margins"))
+    accuracies, margins = (
+        _curve(smollm2_run, "02", "rewards_accuracies"),
+        _curve(smollm2_run, "02", "rewards_margins"),
+    )
     assert _ends(accuracies)[1] > _ends(accuracies)[0] + 0.2, accuracies
     assert _ends(margins)[1] > _ends(margins)[0], margins
 
 
-@pytest.mark.xfail(reason="measured: notebook 1's SFT model already solves the easy offline GSM8K set (0.94), so "
-                          "every GRPO group scores the same (frac_reward_zero_std 1); needs a harder task", strict=False)
+@pytest.mark.xfail(
+    reason="measured: notebook 1's SFT model already solves the easy offline GSM8K set (0.94), so "
+    "every GRPO group scores the same (frac_reward_zero_std 1); needs a harder task",
+    strict=False,
+)
 @pytest.mark.parametrize("prefix", ["03", "05"])
 def test_grpo_gets_a_gradient_and_its_reward_rises(smollm2_run, prefix):
     rewards = _curve(smollm2_run, prefix, "reward")

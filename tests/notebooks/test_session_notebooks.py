@@ -24,8 +24,12 @@ SESSION_NOTEBOOKS = sorted(p for p in (REPO / "notebooks").glob("[0-9][0-9]_sess
 
 
 def test_the_session_notebooks_are_there():
-    assert [p.name for p in SESSION_NOTEBOOKS] == ["07_session_sft.ipynb", "08_session_grpo.ipynb",
-                                                   "09_session_code_rl.ipynb", "10_session_raw_api.ipynb"]
+    assert [p.name for p in SESSION_NOTEBOOKS] == [
+        "07_session_sft.ipynb",
+        "08_session_grpo.ipynb",
+        "09_session_code_rl.ipynb",
+        "10_session_raw_api.ipynb",
+    ]
 
 
 @pytest.mark.parametrize("path", SESSION_NOTEBOOKS, ids=lambda p: p.name)
@@ -36,8 +40,9 @@ def test_session_notebook_is_clean_and_runs_in_the_sdk_v3_kernel(path):
     assert session_notebooks.kernel_name(path) == "sagemaker-sdk-v3"
     # The job notebooks' rules, but for the kernel, which is the SDK v3 environment's.
     assert [p for p in problems(nb) if not p.startswith("metadata.kernelspec")] == []
-    lint = subprocess.run([sys.executable, "-m", "ruff", "check", str(path)], capture_output=True, text=True,
-                          cwd=REPO, timeout=120)
+    lint = subprocess.run(
+        [sys.executable, "-m", "ruff", "check", str(path)], capture_output=True, text=True, cwd=REPO, timeout=120
+    )
     assert lint.returncode == 0, lint.stdout
 
 
@@ -71,20 +76,47 @@ def cloud_requests(tmp_path_factory) -> dict:
     dumps.mkdir()
 
     def save_requests(name: str) -> str:
-        return (f"import json, pathlib\npathlib.Path({str(dumps / (name[:2] + '.json'))!r})"
-                ".write_text(json.dumps(requests, default=str))")
+        return (
+            f"import json, pathlib\npathlib.Path({str(dumps / (name[:2] + '.json'))!r})"
+            ".write_text(json.dumps(requests, default=str))"
+        )
 
-    notebooks = [p for p in cut_notebooks(tmp_path, tmp_path / "work", save_requests, kernel="sagemaker-sdk-v3")
-                 if "_session_" in p.name]  # 11, a training job in the same kernel, has its own test module
+    notebooks = [
+        p
+        for p in cut_notebooks(tmp_path, tmp_path / "work", save_requests, kernel="sagemaker-sdk-v3")
+        if "_session_" in p.name
+    ]  # 11, a training job in the same kernel, has its own test module
     (tmp_path / "pytest.ini").write_text("[pytest]\n")
     result = subprocess.run(
-        [sys.executable, "-m", "pytest", "--nbval-lax", "--nbval-kernel-name", "sagemaker-sdk-v3",
-         "-p", "no:cacheprovider", "--nbval-sanitize-with", str(REPO / "tests" / "notebooks" / "nbval_sanitize.cfg"),
-         "-c", str(tmp_path / "pytest.ini"), "--rootdir", str(tmp_path), "-q", *map(str, notebooks)],
-        capture_output=True, text=True, cwd=tmp_path, env=kernel_environment(tmp_path / "sagemaker-local"),
-        timeout=300)
-    return {"nbval": result, "count": len(notebooks),
-            "requests": {p.stem: json.loads(p.read_text()) for p in dumps.glob("*.json")}}
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "--nbval-lax",
+            "--nbval-kernel-name",
+            "sagemaker-sdk-v3",
+            "-p",
+            "no:cacheprovider",
+            "--nbval-sanitize-with",
+            str(REPO / "tests" / "notebooks" / "nbval_sanitize.cfg"),
+            "-c",
+            str(tmp_path / "pytest.ini"),
+            "--rootdir",
+            str(tmp_path),
+            "-q",
+            *map(str, notebooks),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env=kernel_environment(tmp_path / "sagemaker-local"),
+        timeout=300,
+    )
+    return {
+        "nbval": result,
+        "count": len(notebooks),
+        "requests": {p.stem: json.loads(p.read_text()) for p in dumps.glob("*.json")},
+    }
 
 
 def test_session_request_cells_match_their_stored_outputs(cloud_requests):
@@ -113,12 +145,15 @@ def test_session_requests_are_the_cloud_configuration_and_valid(cloud_requests, 
     # the reader's to set (None in the parameters, "<role>" in the preview).
     assert create["RoleArn"] == "<role>"
     session = botocore.session.get_session()
-    validate_parameters({**create, "RoleArn": "arn:aws:iam::123456789012:role/SageMakerRole"}, session.get_service_model("sagemaker").operation_model("CreateTrainingSession")
-                        .input_shape)
+    validate_parameters(
+        {**create, "RoleArn": "arn:aws:iam::123456789012:role/SageMakerRole"},
+        session.get_service_model("sagemaker").operation_model("CreateTrainingSession").input_shape,
+    )
     runtime = session.get_service_model("sagemakertrainingsessionruntime")
-    validate_parameters({"trainingSessionName": create["TrainingSessionName"], "sequenceNumber": 2,
-                         "operationConfig": operation},
-                        runtime.operation_model("ExecuteTrainingOperation").input_shape)
+    validate_parameters(
+        {"trainingSessionName": create["TrainingSessionName"], "sequenceNumber": 2, "operationConfig": operation},
+        runtime.operation_model("ExecuteTrainingOperation").input_shape,
+    )
 
 
 def _record(notebook_run, prefix: str) -> dict:
@@ -136,8 +171,10 @@ def test_session_sft_lowers_the_loss_and_is_billed(notebook_run):
     assert last < first - 0.3, (first, last)  # measured: 6.87 -> 6.11 per answer token in 8 steps
     billed = record["billable_tokens"]
     # Every training token of every step is billed; the estimate before launch is within 20 %.
-    assert billed["training"] > 0 and abs(billed["training"] - record["estimated_training_tokens"]) \
-        < 0.2 * record["estimated_training_tokens"]
+    assert (
+        billed["training"] > 0
+        and abs(billed["training"] - record["estimated_training_tokens"]) < 0.2 * record["estimated_training_tokens"]
+    )
 
 
 def test_session_grpo_raises_the_reward(notebook_run):

@@ -16,8 +16,7 @@ def judge_sandbox():
     """Two fork servers with every layer this machine has, short limits so attacks end fast."""
     from sandbox import Limits, Sandbox
 
-    with Sandbox(workers=2, limits=Limits(time_limit=0.5, wall_limit=1.0, memory_mb=256,
-                                          output_bytes=4 << 20)) as box:
+    with Sandbox(workers=2, limits=Limits(time_limit=0.5, wall_limit=1.0, memory_mb=256, output_bytes=4 << 20)) as box:
         yield box
 
 

@@ -41,8 +41,7 @@ def _link_or_copy(source: str, target: str) -> None:
 
 
 def _tree(source: Path, target: Path, ignore=None, copy: bool = False) -> None:
-    shutil.copytree(source, target, symlinks=True, ignore=ignore,
-                    copy_function=shutil.copy2 if copy else _link_or_copy)
+    shutil.copytree(source, target, symlinks=True, ignore=ignore, copy_function=shutil.copy2 if copy else _link_or_copy)
 
 
 def copy_checkout(private: Path) -> Path:
@@ -64,8 +63,11 @@ def private_environment(private: Path, copy_numpy: bool = False) -> Path:
     (python / "bin").mkdir(parents=True)
     executable = python / "bin" / Path(os.path.realpath(sys.executable)).name
     _link_or_copy(os.path.realpath(sys.executable), str(executable))
-    _tree(stdlib, python / "lib" / stdlib.name, ignore=lambda folder, names: SKIPPED_STDLIB & set(names)
-          if folder == str(stdlib) else set())
+    _tree(
+        stdlib,
+        python / "lib" / stdlib.name,
+        ignore=lambda folder, names: SKIPPED_STDLIB & set(names) if folder == str(stdlib) else set(),
+    )
     project = private / "project"
     project.mkdir()
     (project / "credentials").write_text("PROJECT-SECRET\n")  # 0644: only the private folder hides it
@@ -109,8 +111,13 @@ print("REPORT " + json.dumps(report))
 
 
 def judge_here(python: Path, scripts: Path, **options) -> dict:
-    done = subprocess.run([str(python), "-c", _DRIVER, str(scripts), json.dumps(options)], cwd=scripts,
-                          capture_output=True, text=True, timeout=240,
-                          env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LANG": "C.UTF-8"})
+    done = subprocess.run(
+        [str(python), "-c", _DRIVER, str(scripts), json.dumps(options)],
+        cwd=scripts,
+        capture_output=True,
+        text=True,
+        timeout=240,
+        env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LANG": "C.UTF-8"},
+    )
     assert "REPORT " in done.stdout, done.stdout[-3000:] + done.stderr[-3000:]
     return json.loads(done.stdout.split("REPORT ", 1)[1].splitlines()[0])

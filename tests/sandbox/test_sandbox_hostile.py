@@ -55,26 +55,39 @@ HOSTILE = {
     "infinite loop": ("while True:\n    pass\n", {"time_limit"}),
     "sleep forever": ("import time\ntime.sleep(10**6)\n", {"time_limit"}),
     "fork bomb": ("import os\nwhile True:\n    os.fork()\n", {"sandbox_violation"}),
-    "memory bomb": ("blocks = []\nwhile True:\n    blocks.append(bytearray(32 << 20))\n",
-                    {"memory_limit", "time_limit"}),  # a busy machine may hit the clock first
+    "memory bomb": (
+        "blocks = []\nwhile True:\n    blocks.append(bytearray(32 << 20))\n",
+        {"memory_limit", "time_limit"},
+    ),  # a busy machine may hit the clock first
     "one huge allocation": ("block = bytearray(1 << 30)\n", {"memory_limit"}),
-    "300 MB print": ("import sys\nline = 'x' * (1 << 20)\nfor _ in range(300):\n    sys.stdout.write(line)\n",
-                     {"output_limit"}),
-    "file bomb": ("with open('big.bin', 'wb') as f:\n    while True:\n        f.write(b'x' * (1 << 20))\n",
-                  {"sandbox_violation"}),
+    "300 MB print": (
+        "import sys\nline = 'x' * (1 << 20)\nfor _ in range(300):\n    sys.stdout.write(line)\n",
+        {"output_limit"},
+    ),
+    "file bomb": (
+        "with open('big.bin', 'wb') as f:\n    while True:\n        f.write(b'x' * (1 << 20))\n",
+        {"sandbox_violation"},
+    ),
     "write outside": ("open({dir!r} + '/escaped', 'w').write('x')\n", {"sandbox_violation"}),
     "read a root-only file": ("print(open({secret!r}).read())\n", {"runtime_error"}),
     "read the test process's environment": ("print(open('/proc/{pid}/environ').read())\n", {"runtime_error"}),
     "connect to 127.0.0.1": (
         "import ctypes, struct\nlibc = ctypes.CDLL(None)\nfd = libc.socket(2, 1, 0)\n"
         "address = struct.pack('=H', 2) + struct.pack('!H', {port}) + bytes([127, 0, 0, 1]) + bytes(8)\n"
-        "print(libc.connect(fd, address, 16))\n", {"sandbox_violation"}),
+        "print(libc.connect(fd, address, 16))\n",
+        {"sandbox_violation"},
+    ),
     "kill the parent": ("import os, signal\nos.kill(os.getppid(), signal.SIGKILL)\n", {"sandbox_violation"}),
     "kill(-1)": ("import os, signal\nos.kill(-1, signal.SIGKILL)\n", {"sandbox_violation"}),
-    "double-fork daemon": ("import os, time\nif os.fork() == 0:\n    os.setsid()\n    if os.fork() == 0:\n"
-                           "        time.sleep(60)\n    os._exit(0)\n", {"sandbox_violation"}),
-    "recursion bomb": ("import sys\nsys.setrecursionlimit(10**7)\ndef f(n):\n    return f(n + 1)\nf(0)\n",
-                       {"runtime_error", "memory_limit", "time_limit"}),
+    "double-fork daemon": (
+        "import os, time\nif os.fork() == 0:\n    os.setsid()\n    if os.fork() == 0:\n"
+        "        time.sleep(60)\n    os._exit(0)\n",
+        {"sandbox_violation"},
+    ),
+    "recursion bomb": (
+        "import sys\nsys.setrecursionlimit(10**7)\ndef f(n):\n    return f(n + 1)\nf(0)\n",
+        {"runtime_error", "memory_limit", "time_limit"},
+    ),
     "sys.exit(0) before printing": ("import sys\nsys.exit(0)\nprint(5)\n", {"wrong_answer"}),
 }
 
@@ -82,8 +95,9 @@ HOSTILE = {
 @pytest.mark.parametrize("name", list(HOSTILE))
 def test_hostile_program_is_contained(judge_sandbox, outside, name):
     template, verdicts = HOSTILE[name]
-    program = template.format(dir=str(outside["dir"]), secret=str(outside["secret"]), port=outside["port"],
-                              pid=os.getpid())
+    program = template.format(
+        dir=str(outside["dir"]), secret=str(outside["secret"]), port=outside["port"], pid=os.getpid()
+    )
     outcome = run(judge_sandbox, program, "2 3\n", "5")
     assert outcome.verdict in verdicts, (outcome.verdict, outcome.detail)
     assert_no_trace(judge_sandbox, outside)
@@ -100,7 +114,8 @@ def test_environment_holds_no_secret(judge_sandbox, monkeypatch):
 
 LEGIT = {
     "numpy": ("import numpy as np\nprint(int(np.arange(10).sum()))\n", "", "45"),
-    "thread with a big stack": (textwrap.dedent("""\
+    "thread with a big stack": (
+        textwrap.dedent("""\
         import sys, threading
         sys.setrecursionlimit(100000)
         threading.stack_size(128 << 20)
@@ -111,13 +126,25 @@ LEGIT = {
         t.start()
         t.join()
         print(result[0])
-        """), "", "30000"),
-    "read all of stdin": ("import sys\nprint(sum(map(int, sys.stdin.buffer.read().split())))\n",
-                          "1 " * 300000, "300000"),
-    "large output under the cap": ("print('\\n'.join(map(str, range(300000))))\n", "",
-                                   "\n".join(map(str, range(300000)))),
+        """),
+        "",
+        "30000",
+    ),
+    "read all of stdin": (
+        "import sys\nprint(sum(map(int, sys.stdin.buffer.read().split())))\n",
+        "1 " * 300000,
+        "300000",
+    ),
+    "large output under the cap": (
+        "print('\\n'.join(map(str, range(300000))))\n",
+        "",
+        "\n".join(map(str, range(300000))),
+    ),
     "non-daemon thread finishes after the main program": (
-        "import threading, time\nthreading.Thread(target=lambda: (time.sleep(0.1), print(7))).start()\n", "", "7"),
+        "import threading, time\nthreading.Thread(target=lambda: (time.sleep(0.1), print(7))).start()\n",
+        "",
+        "7",
+    ),
 }
 
 
@@ -142,7 +169,9 @@ def test_selftest_passes_with_every_layer_and_logs_them():
         results = run_selftest(box, log=lines.append)
         layers = box.active_layers()
     assert all(contained for _, _, contained in results)
-    assert {"infinite loop", "fork bomb", "kill(-1)", "connect to a listener on 127.0.0.1"} <= {n for n, _, _ in results}
+    assert {"infinite loop", "fork bomb", "kill(-1)", "connect to a listener on 127.0.0.1"} <= {
+        n for n, _, _ in results
+    }
     assert "seccomp=on" in lines[0] and "landlock=" in lines[0] and "uid=" in lines[0]
     assert layers["seccomp"] and layers["rlimits"]
 

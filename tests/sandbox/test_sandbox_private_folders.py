@@ -13,8 +13,9 @@ from private_folders import SCRIPTS, copy_checkout, judge_here, make_private, pr
 from sandbox import confine
 
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="the per-worker uid needs root")
-needs_views = pytest.mark.skipif(os.geteuid() != 0 or not confine.landlock_abi(),
-                                 reason="views into private folders need root and Landlock")
+needs_views = pytest.mark.skipif(
+    os.geteuid() != 0 or not confine.landlock_abi(), reason="views into private folders need root and Landlock"
+)
 
 # Climbs with ``..`` from every descriptor it holds to the project's credentials beside the .venv.
 CLIMB = """
@@ -88,8 +89,7 @@ def test_an_unreadable_package_is_named_with_the_command_that_fixes_it(tmp_path)
 def test_without_landlock_a_private_folder_is_named_and_stays_closed(tmp_path):
     private = make_private(tmp_path / "private")
     checkout = copy_checkout(private)
-    report = judge_here(checkout / ".venv" / "bin" / "python", checkout / "scripts", landlock=False,
-                        programs=[CLIMB])
+    report = judge_here(checkout / ".venv" / "bin" / "python", checkout / "scripts", landlock=False, programs=[CLIMB])
     problem = report["layout_problem"]
     assert problem and f"{checkout}/.venv/lib/" in problem, problem
     assert "without Landlock" in problem and "fix: chmod o+x " in problem, problem

@@ -108,8 +108,10 @@ def resume(root: Path, steps: list[int], learners) -> None:
         assert resumed is not None and resumed["step"] == step, resumed
         want = torch.load(root / f"expected_{step}.pt", weights_only=False)
         assert_equal(full_state(model, optimizer, scheduler), want)
-        print(f"rank {learners.rank} of {learners.world_size}: resumed step {step}, state equals the saved one",
-              flush=True)
+        print(
+            f"rank {learners.rank} of {learners.world_size}: resumed step {step}, state equals the saved one",
+            flush=True,
+        )
         if index + 1 < len(steps):
             barrier(learners)
             if learners.is_main:

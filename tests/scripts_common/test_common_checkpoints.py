@@ -136,8 +136,13 @@ def test_checkpoints_under_two_processes_ddp_and_fsdp(tmp_path):
     here = Path(__file__).resolve().parent
     torchrun = str(Path(sys.executable).parent / "torchrun")
     env = {**os.environ, "PYTHONPATH": str(here.parents[1] / "scripts"), "OMP_NUM_THREADS": "1"}
-    result = subprocess.run([torchrun, "--standalone", "--nproc_per_node", "2", str(here / "two_process_checkpoints.py"),
-                             str(tmp_path)], env=env, capture_output=True, text=True, timeout=240)
+    result = subprocess.run(
+        [torchrun, "--standalone", "--nproc_per_node", "2", str(here / "two_process_checkpoints.py"), str(tmp_path)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     for strategy in ("ddp", "fsdp"):
         for rank in (0, 1):

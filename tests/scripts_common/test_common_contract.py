@@ -53,19 +53,23 @@ def test_hyperparameters_as_sagemaker_passes_them(clean_env):
 
 
 def test_sm_hps_fills_what_the_command_line_lacks(clean_env):
-    clean_env.setenv("SM_HPS", json.dumps({"max_steps": 7, "seed": 1, "use_lora": True,
-                                           "sagemaker_program": "train.py"}))
+    clean_env.setenv(
+        "SM_HPS", json.dumps({"max_steps": 7, "seed": 1, "use_lora": True, "sagemaker_program": "train.py"})
+    )
     args = _parser().parse(["--seed", "3"])  # the command line wins; the toolkit's own keys are ignored
     assert (args.max_steps, args.seed, args.use_lora) == (7, 3, True)
 
 
-@pytest.mark.parametrize("argv, expected", [
-    (["--max_step", "3"], "Unknown hyperparameter 'max_step'"),  # no abbreviations
-    (["--epochs", "3"], "Unknown hyperparameter 'epochs'"),
-    (["--use_lora", "maybe"], "argument --use_lora: expected true or false, got 'maybe'"),
-    (["--max_steps", "ten"], "argument --max_steps: invalid int value: 'ten'"),
-    (["--strategy", "zero3"], "argument --strategy: invalid choice: 'zero3'"),
-])
+@pytest.mark.parametrize(
+    "argv, expected",
+    [
+        (["--max_step", "3"], "Unknown hyperparameter 'max_step'"),  # no abbreviations
+        (["--epochs", "3"], "Unknown hyperparameter 'epochs'"),
+        (["--use_lora", "maybe"], "argument --use_lora: expected true or false, got 'maybe'"),
+        (["--max_steps", "ten"], "argument --max_steps: invalid int value: 'ten'"),
+        (["--strategy", "zero3"], "argument --strategy: invalid choice: 'zero3'"),
+    ],
+)
 def test_bad_hyperparameters_are_user_errors_listing_valid_ones(clean_env, argv, expected):
     from common.contract import UserError
 
@@ -81,24 +85,53 @@ def _every_kind(argv: list[str]):
 
 def test_options_parse_to_their_annotated_types(clean_env):
     assert _every_kind([]) == _EveryKindArgs()  # nothing given: the dataclass's defaults
-    args = _every_kind(["--count", "7", "--rate", "1e-3", "--name", "x", "--flag", "false", "--limit", "2.5",
-                        "--mode", "exact", "--colour=green"])
+    args = _every_kind(
+        [
+            "--count",
+            "7",
+            "--rate",
+            "1e-3",
+            "--name",
+            "x",
+            "--flag",
+            "false",
+            "--limit",
+            "2.5",
+            "--mode",
+            "exact",
+            "--colour=green",
+        ]
+    )
     assert args == _EveryKindArgs(count=7, rate=1e-3, name="x", flag=False, limit=2.5, mode="exact", colour="green")
     assert [type(value) for value in (args.count, args.rate, args.limit)] == [int, float, float]
 
 
-@pytest.mark.parametrize("text, value", [("True", True), ("true", True), ("1", True), ("yes", True),
-                                         ("False", False), ("false", False), ("0", False), ("no", False)])
+@pytest.mark.parametrize(
+    "text, value",
+    [
+        ("True", True),
+        ("true", True),
+        ("1", True),
+        ("yes", True),
+        ("False", False),
+        ("false", False),
+        ("0", False),
+        ("no", False),
+    ],
+)
 def test_booleans_as_sagemaker_and_people_write_them(clean_env, text, value):
     assert _every_kind(["--flag", text]).flag is value
 
 
-@pytest.mark.parametrize("argv, expected", [
-    (["--mode", "slow"], "argument --mode: invalid choice: 'slow'"),  # choices from Literal[...]
-    (["--colour", "blue"], "argument --colour: invalid choice: 'blue'"),  # choices from option(choices=...)
-    (["--limit", "none"], "argument --limit: invalid float value: 'none'"),
-    (["--flag"], "argument --flag: expected one argument"),
-])
+@pytest.mark.parametrize(
+    "argv, expected",
+    [
+        (["--mode", "slow"], "argument --mode: invalid choice: 'slow'"),  # choices from Literal[...]
+        (["--colour", "blue"], "argument --colour: invalid choice: 'blue'"),  # choices from option(choices=...)
+        (["--limit", "none"], "argument --limit: invalid float value: 'none'"),
+        (["--flag"], "argument --flag: expected one argument"),
+    ],
+)
 def test_bad_values_name_the_option(clean_env, argv, expected):
     with pytest.raises(UserError) as error:
         _every_kind(argv)
@@ -107,8 +140,12 @@ def test_bad_values_name_the_option(clean_env, argv, expected):
 
 
 def test_sm_hps_values_arrive_as_the_toolkit_writes_them(clean_env):
-    clean_env.setenv("SM_HPS", json.dumps({"count": 9, "flag": False, "name": {"layers": [1, 2]}, "rate": 0.1,
-                                           "sagemaker_region": "us-east-1"}))
+    clean_env.setenv(
+        "SM_HPS",
+        json.dumps(
+            {"count": 9, "flag": False, "name": {"layers": [1, 2]}, "rate": 0.1, "sagemaker_region": "us-east-1"}
+        ),
+    )
     args = _every_kind(["--rate=0.2"])  # given on the command line (either spelling): SM_HPS does not override it
     assert (args.count, args.flag, args.rate) == (9, False, 0.2)
     assert json.loads(args.name) == {"layers": [1, 2]}  # a JSON value stays JSON, not Python's repr
@@ -125,10 +162,20 @@ def test_help_shows_each_default_once(clean_env):
     assert "an optional float; default: no limit" in text and "None" not in text  # its help says the default
     options, extra = text.split("\noptions:\n")[1].split("\nextra:\n")  # a help_group class's own fields
     assert re.findall(r"^  --([a-z_]+)", options, flags=re.M) == [
-        "count", "rate", "name", "flag", "limit", "mode", "colour", "ratio"]
+        "count",
+        "rate",
+        "name",
+        "flag",
+        "limit",
+        "mode",
+        "colour",
+        "ratio",
+    ]
     assert re.findall(r"^  --([a-z_]+)", extra, flags=re.M) == ["level"]
     common = _parser().format_help()
-    assert "optimizer steps to run (default: 10)" in common and "print a metric line every N steps (default: 1)" in common
+    assert (
+        "optimizer steps to run (default: 10)" in common and "print a metric line every N steps (default: 1)" in common
+    )
 
 
 def test_options_classes_are_checked_when_the_parser_is_built():
@@ -148,12 +195,15 @@ def test_options_classes_are_checked_when_the_parser_is_built():
         contract.HyperparameterParser(dict, description="", prog="x.py")
 
 
-@pytest.mark.parametrize("changes, message", [
-    ({"log_every": 0}, "--log_every must be at least 1, got 0."),  # was a ZeroDivisionError at the first step
-    ({"max_steps": 0}, "--max_steps must be at least 1, got 0."),
-    ({"checkpoint_every": -1}, "--checkpoint_every (-1) and --checkpoint_every_minutes (0.0) cannot be negative"),
-    ({"checkpoint_every_minutes": -1.0}, "cannot be negative; 0 turns either off."),
-])
+@pytest.mark.parametrize(
+    "changes, message",
+    [
+        ({"log_every": 0}, "--log_every must be at least 1, got 0."),  # was a ZeroDivisionError at the first step
+        ({"max_steps": 0}, "--max_steps must be at least 1, got 0."),
+        ({"checkpoint_every": -1}, "--checkpoint_every (-1) and --checkpoint_every_minutes (0.0) cannot be negative"),
+        ({"checkpoint_every_minutes": -1.0}, "cannot be negative; 0 turns either off."),
+    ],
+)
 def test_validate_refuses_values_that_cannot_work(changes, message):
     args = contract.TrainingArgs(**changes)
     with pytest.raises(UserError) as error:
@@ -251,12 +301,15 @@ def test_run_main_writes_the_failure_file(clean_env, tmp_path, capsys):
     assert stopped.value.code == 0
 
 
-@pytest.mark.parametrize("instance, expected", [
-    ("ml.p4de.24xlarge", {"FI_PROVIDER": "efa", "FI_EFA_USE_DEVICE_RDMA": "1", "FI_EFA_FORK_SAFE": "1"}),
-    ("ml.p5.48xlarge", {"FI_PROVIDER": "efa", "FI_EFA_USE_DEVICE_RDMA": "1", "FI_EFA_FORK_SAFE": "1"}),
-    ("ml.g5.2xlarge", {}),
-    ("local", {}),
-])
+@pytest.mark.parametrize(
+    "instance, expected",
+    [
+        ("ml.p4de.24xlarge", {"FI_PROVIDER": "efa", "FI_EFA_USE_DEVICE_RDMA": "1", "FI_EFA_FORK_SAFE": "1"}),
+        ("ml.p5.48xlarge", {"FI_PROVIDER": "efa", "FI_EFA_USE_DEVICE_RDMA": "1", "FI_EFA_FORK_SAFE": "1"}),
+        ("ml.g5.2xlarge", {}),
+        ("local", {}),
+    ],
+)
 def test_efa_settings_only_where_the_instance_has_efa(clean_env, instance, expected, caplog):
     import os
 

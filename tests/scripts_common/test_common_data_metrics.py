@@ -13,13 +13,16 @@ def _write(path, lines):
     return path
 
 
-@pytest.mark.parametrize("line, message", [
-    ('{"question": "q"}', "line 2: field 'answer' is missing"),
-    ('{"question": "q", "answer": "  "}', "line 2: field 'answer' is empty"),
-    ('{"question": "q", "answer": null}', "line 2: field 'answer' is empty"),
-    ('{"question": "q", "answer": ', "line 2: not valid JSON"),
-    ('["q", "a"]', "line 2: expected a JSON object"),
-])
+@pytest.mark.parametrize(
+    "line, message",
+    [
+        ('{"question": "q"}', "line 2: field 'answer' is missing"),
+        ('{"question": "q", "answer": "  "}', "line 2: field 'answer' is empty"),
+        ('{"question": "q", "answer": null}', "line 2: field 'answer' is empty"),
+        ('{"question": "q", "answer": ', "line 2: not valid JSON"),
+        ('["q", "a"]', "line 2: expected a JSON object"),
+    ],
+)
 def test_read_jsonl_names_file_line_and_field(tmp_path, line, message):
     from common.contract import UserError
     from common.data import read_jsonl
@@ -138,11 +141,17 @@ def test_reduce_sums_keeps_names_over_two_learners(tmp_path):
         # One write per line, flushed: the two learners share one pipe, and print() writes its
         # arguments in pieces that the other learner's line can land between.
         "    sys.stdout.write(f'rank {learners.rank} {list(totals)} {sorted(totals.items())}\\n')\n"
-        "    sys.stdout.flush()\n")
+        "    sys.stdout.flush()\n"
+    )
     torchrun = str(Path(sys.executable).parent / "torchrun")
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2] / "scripts"), "OMP_NUM_THREADS": "1"}
-    result = subprocess.run([torchrun, "--standalone", "--nproc_per_node", "2", str(script)], env=env,
-                            capture_output=True, text=True, timeout=120)
+    result = subprocess.run(
+        [torchrun, "--standalone", "--nproc_per_node", "2", str(script)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     expected = "[('groups', 2.0), ('reward', 1.0), ('tokens', 30.0)]"
     assert f"rank 0 ['tokens', 'reward', 'groups'] {expected}" in result.stdout

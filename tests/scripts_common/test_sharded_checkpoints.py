@@ -24,10 +24,14 @@ def launch(processes: int, *args, expect_ok: bool = True) -> str:
     if processes == 1:
         command = [sys.executable, str(HARNESS)]
     else:
-        command = [str(Path(sys.executable).parent / "torchrun"), "--standalone", "--nproc_per_node", str(processes),
-                   str(HARNESS)]
-    result = subprocess.run(command + [str(arg) for arg in args], env=env, capture_output=True, text=True,
-                            timeout=180)
+        command = [
+            str(Path(sys.executable).parent / "torchrun"),
+            "--standalone",
+            "--nproc_per_node",
+            str(processes),
+            str(HARNESS),
+        ]
+    result = subprocess.run(command + [str(arg) for arg in args], env=env, capture_output=True, text=True, timeout=180)
     output = result.stdout + result.stderr
     if expect_ok:
         assert result.returncode == 0, output[-4000:]

@@ -44,8 +44,15 @@ def run_script():
     def run(script: str, args: list[str], env: dict[str, str], nproc: int = 1, timeout: int = 180):
         command = _command(script, args, nproc)
         # A session of its own, so a timeout ends torchrun's workers too, not only torchrun.
-        process = subprocess.Popen(command, cwd=SCRIPTS, env=env, text=True, start_new_session=True,
-                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        process = subprocess.Popen(
+            command,
+            cwd=SCRIPTS,
+            env=env,
+            text=True,
+            start_new_session=True,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
         try:
             stdout, stderr = process.communicate(timeout=timeout)
         except subprocess.TimeoutExpired:
@@ -60,8 +67,20 @@ def run_script():
 @pytest.fixture
 def tiny_args(tiny_model_path) -> list[str]:
     """Small, fast settings shared by the script runs."""
-    return ["--model_name_or_path", str(tiny_model_path), "--batch_size", "4", "--per_device_batch_size", "2",
-            "--warmup_steps", "2", "--learning_rate", "1e-3", "--seed", "7"]
+    return [
+        "--model_name_or_path",
+        str(tiny_model_path),
+        "--batch_size",
+        "4",
+        "--per_device_batch_size",
+        "2",
+        "--warmup_steps",
+        "2",
+        "--learning_rate",
+        "1e-3",
+        "--seed",
+        "7",
+    ]
 
 
 @pytest.fixture
@@ -138,8 +157,15 @@ def interrupt_script():
     metric line of ``at_step`` (torchrun passes SIGTERM on to its workers), wait for it."""
 
     def run(script: str, args: list[str], env: dict[str, str], at_step: int, signum: int, nproc: int = 1):
-        process = subprocess.Popen(_command(script, args, nproc), cwd=SCRIPTS, env=env, text=True,
-                                   start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        process = subprocess.Popen(
+            _command(script, args, nproc),
+            cwd=SCRIPTS,
+            env=env,
+            text=True,
+            start_new_session=True,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+        )
         output, deadline = [], time.monotonic() + 180
         try:
             for line in process.stdout:

@@ -16,9 +16,16 @@ def trl_trainer(tiny_model_path, tmp_path_factory):
 
     rows = preference_records(4, seed=3)
     # TRL's conversational format: what dpo.py builds from {"prompt", "chosen", "rejected"} strings.
-    dataset = Dataset.from_list([{"prompt": [{"role": "user", "content": r["prompt"]}],
-                                  "chosen": [{"role": "assistant", "content": r["chosen"]}],
-                                  "rejected": [{"role": "assistant", "content": r["rejected"]}]} for r in rows])
+    dataset = Dataset.from_list(
+        [
+            {
+                "prompt": [{"role": "user", "content": r["prompt"]}],
+                "chosen": [{"role": "assistant", "content": r["chosen"]}],
+                "rejected": [{"role": "assistant", "content": r["rejected"]}],
+            }
+            for r in rows
+        ]
+    )
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_path)
     torch.manual_seed(0)
     policy = AutoModelForCausalLM.from_pretrained(tiny_model_path, dtype=torch.float32)
@@ -26,11 +33,20 @@ def trl_trainer(tiny_model_path, tmp_path_factory):
         for parameter in policy.parameters():
             parameter.add_(0.02 * torch.randn_like(parameter))
     reference = AutoModelForCausalLM.from_pretrained(tiny_model_path, dtype=torch.float32)
-    config = DPOConfig(output_dir=str(tmp_path_factory.mktemp("trl")), use_cpu=True, bf16=False,
-                       gradient_checkpointing=False, report_to="none", save_strategy="no", beta=0.3,
-                       per_device_train_batch_size=4, max_length=None)
-    trainer = DPOTrainer(model=policy, ref_model=reference, args=config, train_dataset=dataset,
-                         processing_class=tokenizer)
+    config = DPOConfig(
+        output_dir=str(tmp_path_factory.mktemp("trl")),
+        use_cpu=True,
+        bf16=False,
+        gradient_checkpointing=False,
+        report_to="none",
+        save_strategy="no",
+        beta=0.3,
+        per_device_train_batch_size=4,
+        max_length=None,
+    )
+    trainer = DPOTrainer(
+        model=policy, ref_model=reference, args=config, train_dataset=dataset, processing_class=tokenizer
+    )
     return trainer, rows, tokenizer
 
 
@@ -72,10 +88,14 @@ def test_dpo_loss_and_rewards_match_trl(trl_trainer, tiny_model_path):
 
     assert abs(losses.mean().item() - 0.6931) > 1e-3, "policy and reference must differ for a meaningful check"
     torch.testing.assert_close(losses.mean(), trl_loss.detach(), rtol=1e-5, atol=1e-7)
-    ours = {"rewards/chosen": chosen_rewards.mean().item(), "rewards/rejected": rejected_rewards.mean().item(),
-            "rewards/accuracies": (chosen_rewards > rejected_rewards).float().mean().item(),
-            "rewards/margins": (chosen_rewards - rejected_rewards).mean().item(),
-            "logps/chosen": chosen.mean().item(), "logps/rejected": rejected.mean().item()}
+    ours = {
+        "rewards/chosen": chosen_rewards.mean().item(),
+        "rewards/rejected": rejected_rewards.mean().item(),
+        "rewards/accuracies": (chosen_rewards > rejected_rewards).float().mean().item(),
+        "rewards/margins": (chosen_rewards - rejected_rewards).mean().item(),
+        "logps/chosen": chosen.mean().item(),
+        "logps/rejected": rejected.mean().item(),
+    }
     # Rewards are beta * (differences of log-probs of size ~|logps|): each log-prob agrees to 1e-5
     # relative, so a reward or margin agrees to 1e-5 * beta * |logps| in absolute terms.
     reward_tolerance = 1e-5 * 0.3 * max(abs(ours["logps/chosen"]), abs(ours["logps/rejected"]))

@@ -27,20 +27,41 @@ def _reloads_and_generates(model_dir):
     assert (model_dir / "model.safetensors").is_file()
     model = AutoModelForCausalLM.from_pretrained(model_dir)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    prompt = tokenizer.apply_chat_template([{"role": "user", "content": "Ken has 3 apples."}],
-                                           add_generation_prompt=True, return_tensors="pt", return_dict=True)
+    prompt = tokenizer.apply_chat_template(
+        [{"role": "user", "content": "Ken has 3 apples."}],
+        add_generation_prompt=True,
+        return_tensors="pt",
+        return_dict=True,
+    )
     output = model.generate(**prompt, max_new_tokens=5, do_sample=False)
     assert output.shape[1] > prompt["input_ids"].shape[1]
     return model
 
 
-@pytest.mark.parametrize("script, dataset, names", [
-    ("sft.py", "chat", ["loss", "lr", "grad_norm", "tokens"]),
-    ("dpo.py", "preferences", ["loss", "rewards_chosen", "rewards_rejected", "rewards_accuracies",
-                               "rewards_margins", "logps_chosen", "logps_rejected", "lr", "grad_norm"]),
-])
-def test_script_runs_through_the_container_contract(script, dataset, names, tmp_path, offline_data, run_script,
-                                                    container_env, read_metrics, tiny_args, tiny_model_path):
+@pytest.mark.parametrize(
+    "script, dataset, names",
+    [
+        ("sft.py", "chat", ["loss", "lr", "grad_norm", "tokens"]),
+        (
+            "dpo.py",
+            "preferences",
+            [
+                "loss",
+                "rewards_chosen",
+                "rewards_rejected",
+                "rewards_accuracies",
+                "rewards_margins",
+                "logps_chosen",
+                "logps_rejected",
+                "lr",
+                "grad_norm",
+            ],
+        ),
+    ],
+)
+def test_script_runs_through_the_container_contract(
+    script, dataset, names, tmp_path, offline_data, run_script, container_env, read_metrics, tiny_args, tiny_model_path
+):
     env = container_env(tmp_path, {"train": offline_data[dataset], "test": offline_data[dataset]})
     result = run_script(script, [*tiny_args, "--max_steps", "3", "--checkpoint_every", "2"], env)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
@@ -66,8 +87,9 @@ def test_script_runs_through_the_container_contract(script, dataset, names, tmp_
     assert any(not torch.equal(a, b) for a, b in zip(trained.parameters(), start.parameters(), strict=True))
 
 
-def test_sft_with_lora_saves_a_merged_plain_model_and_resumes(tmp_path, offline_data, run_in_process, tiny_args,
-                                                              same_weights, caplog):
+def test_sft_with_lora_saves_a_merged_plain_model_and_resumes(
+    tmp_path, offline_data, run_in_process, tiny_args, same_weights, caplog
+):
     import logging
     import shutil
 
@@ -119,29 +141,39 @@ def _write_jsonl(path, rows):
 
 
 def test_unknown_hyperparameter_lists_the_valid_ones(failing_run, offline_data, tiny_model_path):
-    reason = failing_run("sft", ["--model_name_or_path", str(tiny_model_path), "--learning", "1e-4"],
-                         {"train": offline_data["chat"]})
+    reason = failing_run(
+        "sft", ["--model_name_or_path", str(tiny_model_path), "--learning", "1e-4"], {"train": offline_data["chat"]}
+    )
     assert "Unknown hyperparameter 'learning'" in reason
     assert "learning_rate" in reason and "per_device_batch_size" in reason
 
 
 def test_unknown_hyperparameter_from_sm_hps(failing_run, offline_data, tiny_model_path):
-    reason = failing_run("dpo", ["--model_name_or_path", str(tiny_model_path)], {"train": offline_data["preferences"]},
-                         hyperparameters={"beta": 0.1, "betta": 0.2})
+    reason = failing_run(
+        "dpo",
+        ["--model_name_or_path", str(tiny_model_path)],
+        {"train": offline_data["preferences"]},
+        hyperparameters={"beta": 0.1, "betta": 0.2},
+    )
     assert "Unknown hyperparameter 'betta'" in reason
 
 
-@pytest.mark.parametrize("name, options, expected", [
-    ("sft", ["--log_every", "0"], "--log_every must be at least 1, got 0."),  # was a ZeroDivisionError
-    ("sft", ["--lora_r", "8", "--strategy", "fsdp"], "--lora_r with --strategy fsdp is not supported"),
-    ("sft", ["--batch_size", "6", "--per_device_batch_size", "4"],
-     "--batch_size 6 must be a multiple of --per_device_batch_size 4 x 1 processes."),
-    ("dpo", ["--max_prompt_length", "1024"], "--max_prompt_length (1024) must be below --max_length (1024)."),
-    ("dpo", ["--beta", "0"], "--beta must be positive, got 0.0."),
-    ("dpo", ["--per_device_batch_size", "0"], "--per_device_batch_size must be at least 1, got 0."),
-])
-def test_bad_option_values_are_the_failure_reason(failing_run, offline_data, tiny_model_path, name, options,
-                                                  expected):
+@pytest.mark.parametrize(
+    "name, options, expected",
+    [
+        ("sft", ["--log_every", "0"], "--log_every must be at least 1, got 0."),  # was a ZeroDivisionError
+        ("sft", ["--lora_r", "8", "--strategy", "fsdp"], "--lora_r with --strategy fsdp is not supported"),
+        (
+            "sft",
+            ["--batch_size", "6", "--per_device_batch_size", "4"],
+            "--batch_size 6 must be a multiple of --per_device_batch_size 4 x 1 processes.",
+        ),
+        ("dpo", ["--max_prompt_length", "1024"], "--max_prompt_length (1024) must be below --max_length (1024)."),
+        ("dpo", ["--beta", "0"], "--beta must be positive, got 0.0."),
+        ("dpo", ["--per_device_batch_size", "0"], "--per_device_batch_size must be at least 1, got 0."),
+    ],
+)
+def test_bad_option_values_are_the_failure_reason(failing_run, offline_data, tiny_model_path, name, options, expected):
     channel = offline_data["chat" if name == "sft" else "preferences"]
     reason = failing_run(name, ["--model_name_or_path", str(tiny_model_path), *options], {"train": channel})
     assert expected in reason
@@ -172,8 +204,9 @@ def test_missing_channel_says_how_to_pass_it(failing_run, tiny_model_path):
 
 
 def test_model_path_that_does_not_exist(failing_run, offline_data, tmp_path):
-    reason = failing_run("sft", ["--model_name_or_path", str(tmp_path / "no-such-model")],
-                         {"train": offline_data["chat"]})
+    reason = failing_run(
+        "sft", ["--model_name_or_path", str(tmp_path / "no-such-model")], {"train": offline_data["chat"]}
+    )
     assert f"--model_name_or_path {tmp_path / 'no-such-model'}: no such folder" in reason
 
 

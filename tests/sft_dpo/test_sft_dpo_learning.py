@@ -7,8 +7,20 @@ import pytest
 
 @pytest.mark.slow
 def test_sft_loss_falls_on_train_and_test(tmp_path, offline_data, tiny_model_path, run_in_process, read_metrics):
-    args = ["--model_name_or_path", str(tiny_model_path), "--max_steps", "40", "--batch_size", "8",
-            "--per_device_batch_size", "8", "--learning_rate", "3e-3", "--checkpoint_every", "0"]
+    args = [
+        "--model_name_or_path",
+        str(tiny_model_path),
+        "--max_steps",
+        "40",
+        "--batch_size",
+        "8",
+        "--per_device_batch_size",
+        "8",
+        "--learning_rate",
+        "3e-3",
+        "--checkpoint_every",
+        "0",
+    ]
     run_in_process("sft", args, tmp_path, {"train": offline_data["chat"], "test": offline_data["chat"]})
     records = read_metrics(tmp_path)
     assert records[-1]["loss"] < 0.5 * records[0]["loss"], (records[0], records[-1])
@@ -17,9 +29,22 @@ def test_sft_loss_falls_on_train_and_test(tmp_path, offline_data, tiny_model_pat
 
 @pytest.mark.slow
 def test_dpo_prefers_chosen_answers(tmp_path, offline_data, tiny_model_path, run_in_process, read_metrics):
-    args = ["--model_name_or_path", str(tiny_model_path), "--max_steps", "20", "--batch_size", "8",
-            "--per_device_batch_size", "8", "--learning_rate", "1e-3", "--checkpoint_every", "0",
-            "--precompute_ref_log_probs", "true"]
+    args = [
+        "--model_name_or_path",
+        str(tiny_model_path),
+        "--max_steps",
+        "20",
+        "--batch_size",
+        "8",
+        "--per_device_batch_size",
+        "8",
+        "--learning_rate",
+        "1e-3",
+        "--checkpoint_every",
+        "0",
+        "--precompute_ref_log_probs",
+        "true",
+    ]
     run_in_process("dpo", args, tmp_path, {"train": offline_data["preferences"]})
     records = read_metrics(tmp_path)
     assert records[0]["loss"] == pytest.approx(0.6931, abs=1e-3)  # policy == reference at the start

@@ -8,9 +8,17 @@ import shutil
 import signal
 
 
-def test_sft_killed_then_resumed_equals_uninterrupted(tmp_path, offline_data, tiny_args, run_in_process,
-                                                      interrupt_script, container_env, read_metrics,
-                                                      same_weights, caplog):
+def test_sft_killed_then_resumed_equals_uninterrupted(
+    tmp_path,
+    offline_data,
+    tiny_args,
+    run_in_process,
+    interrupt_script,
+    container_env,
+    read_metrics,
+    same_weights,
+    caplog,
+):
     channels = {"train": offline_data["chat"]}
     args = [*tiny_args, "--max_steps", "10", "--checkpoint_every", "3", "--keep_checkpoints", "2"]
     run_in_process("sft", args, tmp_path / "uninterrupted", channels)
@@ -31,16 +39,18 @@ def test_sft_killed_then_resumed_equals_uninterrupted(tmp_path, offline_data, ti
 
     with caplog.at_level(logging.INFO):
         run_in_process("sft", args, root, channels)
-    assert any("skipping incomplete checkpoint" in r.getMessage() and "step_00000009" in r.getMessage()
-               for r in caplog.records)
+    assert any(
+        "skipping incomplete checkpoint" in r.getMessage() and "step_00000009" in r.getMessage() for r in caplog.records
+    )
     assert any("resumed from" in r.getMessage() and "step_00000006" in r.getMessage() for r in caplog.records)
     same_weights(tmp_path / "uninterrupted" / "model", root / "model")
     assert [r["step"] for r in read_metrics(root)] == list(range(1, 11))  # each step once despite the replay
     assert [r["loss"] for r in read_metrics(root)] == [r["loss"] for r in read_metrics(tmp_path / "uninterrupted")]
 
 
-def test_dpo_sigterm_saves_exits_cleanly_and_resumes(tmp_path, offline_data, tiny_args, run_in_process,
-                                                     interrupt_script, container_env, same_weights):
+def test_dpo_sigterm_saves_exits_cleanly_and_resumes(
+    tmp_path, offline_data, tiny_args, run_in_process, interrupt_script, container_env, same_weights
+):
     channels = {"train": offline_data["preferences"]}
     # Checkpoints only on SIGTERM; the reference log-probs computed once travel in the checkpoint.
     args = [*tiny_args, "--max_steps", "8", "--checkpoint_every", "0", "--precompute_ref_log_probs", "True"]

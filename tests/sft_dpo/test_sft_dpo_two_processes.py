@@ -25,13 +25,17 @@ def _compare_weights(one_dir, two_dir) -> None:
         torch.testing.assert_close(weights_two[name], tensor, rtol=1e-3, atol=1e-4, msg=name)
 
 
-@pytest.mark.parametrize("script, dataset", [
-    ("sft", "chat"),
-    # Same batching code as SFT; opt-in to keep the default suite short.
-    pytest.param("dpo", "preferences", marks=pytest.mark.slow),
-])
-def test_ddp_two_processes_match_one(script, dataset, tmp_path, offline_data, tiny_args, run_in_process,
-                                     run_script, container_env, read_metrics):
+@pytest.mark.parametrize(
+    "script, dataset",
+    [
+        ("sft", "chat"),
+        # Same batching code as SFT; opt-in to keep the default suite short.
+        pytest.param("dpo", "preferences", marks=pytest.mark.slow),
+    ],
+)
+def test_ddp_two_processes_match_one(
+    script, dataset, tmp_path, offline_data, tiny_args, run_in_process, run_script, container_env, read_metrics
+):
     channels = {"train": offline_data[dataset], "test": offline_data[dataset]}
     # Global batch 8 in micro-batches of 2: one process accumulates 4, each of two processes 2
     # (DDP's all-reduce skipped on the first micro-batch).
@@ -45,8 +49,9 @@ def test_ddp_two_processes_match_one(script, dataset, tmp_path, offline_data, ti
     _compare_weights(tmp_path / "one" / "model", tmp_path / "two" / "model")
 
 
-def test_fsdp_two_processes_survive_sigterm_and_match_one(tmp_path, offline_data, tiny_args, run_in_process,
-                                                          interrupt_script, run_script, container_env, read_metrics):
+def test_fsdp_two_processes_survive_sigterm_and_match_one(
+    tmp_path, offline_data, tiny_args, run_in_process, interrupt_script, run_script, container_env, read_metrics
+):
     """The spot-interruption path on several GPUs: torchrun passes SIGTERM to its workers, they agree
     on a step, each writes its shards of one checkpoint and exits; the restarted job resumes
     (each rank reads its shards) and ends where one process ends."""
@@ -71,8 +76,9 @@ def test_fsdp_two_processes_survive_sigterm_and_match_one(tmp_path, offline_data
 
 @pytest.mark.slow
 @pytest.mark.parametrize("precompute", ["false", "true"])
-def test_dpo_with_a_sharded_reference_matches_one_process(precompute, tmp_path, offline_data, tiny_args,
-                                                          run_in_process, run_script, container_env, read_metrics):
+def test_dpo_with_a_sharded_reference_matches_one_process(
+    precompute, tmp_path, offline_data, tiny_args, run_in_process, run_script, container_env, read_metrics
+):
     """Under --strategy fsdp the reference model is sharded like the policy; its forwards are then
     collectives, also where the learners' shares of the pairs differ (5 test pairs on 2 learners: 2 batches of 2 and 1)."""
     preferences = tmp_path / "preferences"
@@ -81,8 +87,17 @@ def test_dpo_with_a_sharded_reference_matches_one_process(precompute, tmp_path, 
     test_rows = (offline_data["preferences"] / "test.jsonl").read_text().splitlines()[:5]
     (preferences / "test.jsonl").write_text("\n".join(test_rows) + "\n")
     channels = {"train": preferences, "test": preferences}
-    args = [*tiny_args, "--batch_size", "8", "--max_steps", "3", "--checkpoint_every", "0",
-            "--precompute_ref_log_probs", precompute]
+    args = [
+        *tiny_args,
+        "--batch_size",
+        "8",
+        "--max_steps",
+        "3",
+        "--checkpoint_every",
+        "0",
+        "--precompute_ref_log_probs",
+        precompute,
+    ]
     run_in_process("dpo", args, tmp_path / "one", channels)
 
     result = run_script("dpo.py", [*args, "--strategy", "fsdp"], container_env(tmp_path / "two", channels), nproc=2)

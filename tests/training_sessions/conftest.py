@@ -55,8 +55,7 @@ def run_sdk(endpoint, scenario: str, timeout: float = 240, **arguments) -> dict:
     """Run one scenario of sdk_scenarios.py in the SDK v3 environment; its last stdout line is JSON."""
     if not SESSIONS_PYTHON.exists():
         pytest.fail(
-            "The SDK v3 environment is missing: build it with `make .venv-sessions/.stamp` "
-            "(requirements-sessions.txt)."
+            "The SDK v3 environment is missing: build it with `make .venv-sessions/.stamp` (requirements-sessions.txt)."
         )
     env = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "PYTHON"))}
     env.update(endpoint.client_environment())

@@ -66,9 +66,7 @@ def cross_entropy_resume(steps: int) -> dict:
     tail = cross_entropy_steps(resumed, datums, steps - steps // 2)
     weights_only = svc.create_training_client_from_state(checkpoint, rank=8, alpha=16)
     tail_fresh_optimizer = cross_entropy_steps(weights_only, datums, 1)
-    detail = boto3.client("sagemaker").describe_training_session(TrainingSessionName=name)[
-        "TrainingSessionDetail"
-    ]
+    detail = boto3.client("sagemaker").describe_training_session(TrainingSessionName=name)["TrainingSessionDetail"]
     resumed.stop()
     weights_only.stop()
     return {
@@ -229,9 +227,7 @@ def grpo_pick_seven(
 def describe(name: str) -> dict:
     """What a later kernel sees: the session by name, the base models, the tokenizer."""
     svc = service()
-    detail = boto3.client("sagemaker").describe_training_session(TrainingSessionName=name)[
-        "TrainingSessionDetail"
-    ]
+    detail = boto3.client("sagemaker").describe_training_session(TrainingSessionName=name)["TrainingSessionDetail"]
     sessions = [s.training_session_arn for s in svc.list_sessions()]
     return {
         "status": detail["TrainingSessionStatus"],

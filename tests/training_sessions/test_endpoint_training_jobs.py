@@ -32,8 +32,11 @@ def aws(endpoint):
 def job_request(name: str, **overrides) -> dict:
     request = {
         "TrainingJobName": name,
-        "AlgorithmSpecification": {"TrainingImage": IMAGE, "TrainingInputMode": "File",
-                                   "MetricDefinitions": [{"Name": "loss", "Regex": r"loss=([0-9.]+)"}]},
+        "AlgorithmSpecification": {
+            "TrainingImage": IMAGE,
+            "TrainingInputMode": "File",
+            "MetricDefinitions": [{"Name": "loss", "Regex": r"loss=([0-9.]+)"}],
+        },
         "RoleArn": ROLE,
         "OutputDataConfig": {"S3OutputPath": f"s3://{BUCKET}/jobs"},
         "ResourceConfig": {"InstanceType": "ml.m5.xlarge", "InstanceCount": 1, "VolumeSizeInGB": 10},
@@ -45,15 +48,19 @@ def job_request(name: str, **overrides) -> dict:
 
 def entrypoint_job(name: str, shell: str, count: int = 1) -> dict:
     """A job whose ContainerEntrypoint replaces the image's, as ModelTrainer's /bin/bash -c sm_train.sh does."""
-    request = job_request(name, ResourceConfig={"InstanceType": "ml.m5.xlarge", "InstanceCount": count,
-                                                "VolumeSizeInGB": 10})
+    request = job_request(
+        name, ResourceConfig={"InstanceType": "ml.m5.xlarge", "InstanceCount": count, "VolumeSizeInGB": 10}
+    )
     request["AlgorithmSpecification"] |= {"ContainerEntrypoint": ["/bin/sh"], "ContainerArguments": ["-c", shell]}
     return request
 
 
 def wait(sagemaker, name: str, timeout: float = 300) -> dict:
     deadline = time.monotonic() + timeout  # a local job may wait for the machine-wide lock first
-    while (job := sagemaker.describe_training_job(TrainingJobName=name))["TrainingJobStatus"] in ("InProgress", "Stopping"):
+    while (job := sagemaker.describe_training_job(TrainingJobName=name))["TrainingJobStatus"] in (
+        "InProgress",
+        "Stopping",
+    ):
         assert time.monotonic() < deadline, job["SecondaryStatusTransitions"]
         time.sleep(0.5)
     return job
@@ -63,8 +70,9 @@ def log_lines(logs, name: str) -> list[str]:
     streams = logs.describe_log_streams(logGroupName="/aws/sagemaker/TrainingJobs", logStreamNamePrefix=name)
     lines = []
     for stream in streams["logStreams"]:
-        events = logs.get_log_events(logGroupName="/aws/sagemaker/TrainingJobs", logStreamName=stream["logStreamName"],
-                                     startFromHead=True)["events"]
+        events = logs.get_log_events(
+            logGroupName="/aws/sagemaker/TrainingJobs", logStreamName=stream["logStreamName"], startFromHead=True
+        )["events"]
         lines += [event["message"] for event in events]
     return lines
 
@@ -82,8 +90,15 @@ def test_a_script_mode_job_runs_and_its_log_reaches_cloudwatch(aws):
         tar.addfile(info, io.BytesIO(script))
     aws["s3"].put_object(Bucket=BUCKET, Key="code/sourcedir.tar.gz", Body=code.getvalue())
     name = unique("script")
-    aws["sagemaker"].create_training_job(**job_request(name, HyperParameters={
-        "sagemaker_program": '"train.py"', "sagemaker_submit_directory": f'"s3://{BUCKET}/code/sourcedir.tar.gz"'}))
+    aws["sagemaker"].create_training_job(
+        **job_request(
+            name,
+            HyperParameters={
+                "sagemaker_program": '"train.py"',
+                "sagemaker_submit_directory": f'"s3://{BUCKET}/code/sourcedir.tar.gz"',
+            },
+        )
+    )
 
     job = wait(aws["sagemaker"], name)
     assert job["TrainingJobStatus"] == "Completed", job.get("FailureReason")
@@ -95,8 +110,10 @@ def test_a_script_mode_job_runs_and_its_log_reaches_cloudwatch(aws):
 
 def test_a_container_entrypoint_replaces_the_toolkit(aws):
     name = unique("entrypoint")
-    shell = ("echo loss=0.5 host=$(cat /opt/ml/input/config/resourceconfig.json | tr -d ' ' | cut -c1-25) "
-             "&& echo done > /opt/ml/model/result.txt")
+    shell = (
+        "echo loss=0.5 host=$(cat /opt/ml/input/config/resourceconfig.json | tr -d ' ' | cut -c1-25) "
+        "&& echo done > /opt/ml/model/result.txt"
+    )
     aws["sagemaker"].create_training_job(**entrypoint_job(name, shell, count=2))
 
     job = wait(aws["sagemaker"], name)
@@ -107,7 +124,9 @@ def test_a_container_entrypoint_replaces_the_toolkit(aws):
     assert job["TrainingJobStatus"] == "Completed", job.get("FailureReason")
     lines = log_lines(aws["logs"], name)
     assert sorted(line for line in lines if line.startswith("loss=")) == [
-        'loss=0.5 host={"current_host":"algo-1",', 'loss=0.5 host={"current_host":"algo-2",']
+        'loss=0.5 host={"current_host":"algo-1",',
+        'loss=0.5 host={"current_host":"algo-2",',
+    ]
     model = aws["s3"].get_object(Bucket=BUCKET, Key=f"jobs/{name}/output/model.tar.gz")["Body"].read()
     with tarfile.open(fileobj=io.BytesIO(model)) as tar:
         assert tar.extractfile("result.txt").read() == b"done\n"
@@ -129,8 +148,12 @@ def test_stop_training_job_stops_a_running_job(aws):
 def test_the_endpoint_checks_job_requests_as_sagemaker_does(aws):
     sagemaker = aws["sagemaker"]
     with pytest.raises(ClientError) as error:  # botocore sends enums unchecked; the service checks them
-        sagemaker.create_training_job(**job_request(unique("bad"), ResourceConfig={
-            "InstanceType": "ml.not-an-instance", "InstanceCount": 1, "VolumeSizeInGB": 10}))
+        sagemaker.create_training_job(
+            **job_request(
+                unique("bad"),
+                ResourceConfig={"InstanceType": "ml.not-an-instance", "InstanceCount": 1, "VolumeSizeInGB": 10},
+            )
+        )
     assert error.value.response["Error"]["Code"] == "ValidationException"
     assert "resourceConfig.instanceType" in error.value.response["Error"]["Message"]
 

@@ -57,9 +57,7 @@ def code(error):
 
 def test_hub_lists_the_local_base_models(clients):
     control, _ = clients
-    listed = control.list_hub_contents(HubName="SageMakerPublicHub", HubContentType="Model")[
-        "HubContentSummaries"
-    ]
+    listed = control.list_hub_contents(HubName="SageMakerPublicHub", HubContentType="Model")["HubContentSummaries"]
     assert [s["HubContentName"] for s in listed] == ["local-tiny-qwen2"]
     assert "@capability:training_session" in listed[0]["HubContentSearchKeywords"]
     described = control.describe_hub_content(
@@ -77,10 +75,7 @@ def test_out_of_order_sequence_numbers_wait_and_duplicates_answer_the_first(clie
         trainingSessionName=name, sequenceNumber=2, clientToken="step-1", operationConfig=STEP
     )["operationId"]
     time.sleep(0.5)
-    assert (
-        runtime.get_training_operation_result(trainingSessionName=name, operationId=step)["status"]
-        == "Pending"
-    )
+    assert runtime.get_training_operation_result(trainingSessionName=name, operationId=step)["status"] == "Pending"
     first = runtime.execute_training_operation(
         trainingSessionName=name, sequenceNumber=1, clientToken="fb-1", operationConfig=FORWARD_BACKWARD
     )["operationId"]
@@ -99,10 +94,7 @@ def test_out_of_order_sequence_numbers_wait_and_duplicates_answer_the_first(clie
             trainingSessionName=name, sequenceNumber=2, clientToken="other", operationConfig=STEP
         )
     assert code(error)[0] == "ConflictException"
-    assert (
-        "Sequence number 2 is already used" in code(error)[1]
-        and "LastReceivedSequenceNumber is 2" in code(error)[1]
-    )
+    assert "Sequence number 2 is already used" in code(error)[1] and "LastReceivedSequenceNumber is 2" in code(error)[1]
 
     detail = control.describe_training_session(TrainingSessionName=name)["TrainingSessionDetail"]
     assert detail["TrainingSessionStatus"] == "Running"
@@ -201,9 +193,7 @@ def test_lifecycle_stop_then_delete(clients):
     detail = control.describe_training_session(TrainingSessionName=name)["TrainingSessionDetail"]
     assert detail["TrainingSessionStatus"] == "Stopped" and "EndTime" in detail
     with pytest.raises(ClientError) as error:
-        runtime.execute_training_operation(
-            trainingSessionName=name, sequenceNumber=1, operationConfig=FORWARD_BACKWARD
-        )
+        runtime.execute_training_operation(trainingSessionName=name, sequenceNumber=1, operationConfig=FORWARD_BACKWARD)
     assert code(error)[0] == "ConflictException" and "is Stopped" in code(error)[1]
     with pytest.raises(ClientError) as error:  # what the SDK's stop() treats as already done
         control.stop_training_session(TrainingSessionName=name)
@@ -219,9 +209,7 @@ def test_lifecycle_stop_then_delete(clients):
 def test_a_killed_service_leaves_its_sessions_failed(tmp_path):
     root = tmp_path / "root"
     first = sessions.start_service(root)
-    client = boto3.Session(
-        aws_access_key_id="local", aws_secret_access_key="local", region_name="us-east-1"
-    ).client
+    client = boto3.Session(aws_access_key_id="local", aws_secret_access_key="local", region_name="us-east-1").client
     name = create(client("sagemaker", endpoint_url=first.url))
     psutil.Process(first.pid).kill()
     psutil.Process(first.pid).wait(10)
@@ -229,9 +217,9 @@ def test_a_killed_service_leaves_its_sessions_failed(tmp_path):
     second = sessions.start_service(root)
     try:
         assert second.pid != first.pid
-        detail = client("sagemaker", endpoint_url=second.url).describe_training_session(
-            TrainingSessionName=name
-        )["TrainingSessionDetail"]
+        detail = client("sagemaker", endpoint_url=second.url).describe_training_session(TrainingSessionName=name)[
+            "TrainingSessionDetail"
+        ]
         assert detail["TrainingSessionStatus"] == "Failed"
         assert f"ended (pid {first.pid})" in detail["ErrorDetails"]
         assert not [

@@ -111,9 +111,7 @@ def test_loss_value_and_gradient_match_the_formula(session_engine, loss_fn, conf
     low = config.get("clip_low_threshold", 0.8 if loss_fn == "ppo" else 0.0)
     high = config.get("clip_high_threshold", 1.2 if loss_fn == "ppo" else 4.0)
     logprobs = reference_logprobs(engine, datums)
-    per_datum = [
-        formula(loss_fn, lp, d["lossFnInputs"], low, high) for lp, d in zip(logprobs, datums, strict=True)
-    ]
+    per_datum = [formula(loss_fn, lp, d["lossFnInputs"], low, high) for lp, d in zip(logprobs, datums, strict=True)]
     expected = torch.stack(per_datum).sum()
     expected.backward()
     want_grad = gradients(engine).clone()
@@ -168,9 +166,7 @@ def test_session_gradient_equals_grpo_script_gradient(session_engine, loss_fn, e
     attention_mask = torch.cat([prompt_mask, completion_mask], dim=1)
     mask = completion_mask.float()
     logprobs = grpo.completion_logprobs(script_model, input_ids, attention_mask, completion_ids.size(1), 1.0)
-    noise = torch.tensor(
-        [[rng.uniform(-0.3, 0.3) for _ in range(completion_ids.size(1))] for _ in completions]
-    )
+    noise = torch.tensor([[rng.uniform(-0.3, 0.3) for _ in range(completion_ids.size(1))] for _ in completions])
     old = logprobs.detach() + (noise if epsilon is not None else 0.0)
     tokens = float(mask.sum())
     loss, _ = grpo.grpo_loss(
@@ -188,9 +184,7 @@ def test_session_gradient_equals_grpo_script_gradient(session_engine, loss_fn, e
         tokens_per_learner=tokens,
     )
     loss.backward()
-    script_grad = torch.cat(
-        [p.grad.reshape(-1) for n, p in script_model.named_parameters() if p.requires_grad]
-    )
+    script_grad = torch.cat([p.grad.reshape(-1) for n, p in script_model.named_parameters() if p.requires_grad])
 
     # The session's side: one datum per rollout, weights on completion tokens, A / tokens per token.
     datums = []
@@ -205,15 +199,11 @@ def test_session_gradient_equals_grpo_script_gradient(session_engine, loss_fn, e
                     "target_tokens": wire(ids[1:], "int64"),
                     "weights": wire([0.0] * n_prompt + [1.0] * len(completion)),
                     "logprobs": wire([0.0] * n_prompt + sampler),
-                    "advantages": wire(
-                        [0.0] * n_prompt + [advantages[row].item() / tokens] * len(completion)
-                    ),
+                    "advantages": wire([0.0] * n_prompt + [advantages[row].item() / tokens] * len(completion)),
                 },
             }
         )
-    config = (
-        {} if epsilon is None else {"clip_low_threshold": 1 - epsilon, "clip_high_threshold": 1 + epsilon}
-    )
+    config = {} if epsilon is None else {"clip_low_threshold": 1 - epsilon, "clip_high_threshold": 1 + epsilon}
     engine.optimizer.zero_grad(set_to_none=True)
     result, _ = engine.forward_backward(loss_fn, datums, config, backward=True)
     session_grad = gradients(engine).clone()
@@ -231,9 +221,7 @@ def test_bad_datums_are_refused_with_the_fix(session_engine):
     good = make_datums(engine, "cross_entropy", lengths=(4,))[0]
     short = copy.deepcopy(good)
     short["lossFnInputs"]["weights"] = wire([1.0, 1.0])
-    with pytest.raises(
-        engine_module.InputError, match=r"weights'\] has 2 values but modelInput has 4 tokens"
-    ):
+    with pytest.raises(engine_module.InputError, match=r"weights'\] has 2 values but modelInput has 4 tokens"):
         engine_module.parse_datums([good, short], "cross_entropy")
     odd = copy.deepcopy(good)
     odd["lossFnInputs"]["weights"]["dtype"] = "float8"

@@ -139,9 +139,7 @@ def running_endpoint(root: str | os.PathLike | None = None) -> Endpoint | None:
     return Endpoint(f"http://127.0.0.1:{info['port']}", info["pid"], root, info["region"])
 
 
-def start_service(
-    root: str | os.PathLike | None = None, region: str = "us-east-1", timeout: float = 120.0
-) -> Endpoint:
+def start_service(root: str | os.PathLike | None = None, region: str = "us-east-1", timeout: float = 120.0) -> Endpoint:
     """Start the endpoint process for ``root`` (or return the one already running) and register the
     tiny model, and SmolLM2-135M-Instruct where its wheel is installed. The process outlives this
     Python process, as the real service outlives a kernel."""

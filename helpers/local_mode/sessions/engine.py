@@ -92,13 +92,9 @@ def check_loss_config(loss_fn: str, config) -> dict:
             )
         low, high = CLIP_RANGES[key]
         if not isinstance(value, (int, float)) or not low <= value <= high:
-            raise InputError(
-                f"lossFnConfig {key}={value!r} is out of range: give a number in [{low}, {high}]."
-            )
+            raise InputError(f"lossFnConfig {key}={value!r} is out of range: give a number in [{low}, {high}].")
         if loss_fn == "cross_entropy":
-            raise InputError(
-                f"lossFnConfig {key} applies to ppo and cispo, not {loss_fn}; leave lossFnConfig out."
-            )
+            raise InputError(f"lossFnConfig {key} applies to ppo and cispo, not {loss_fn}; leave lossFnConfig out.")
     return config
 
 
@@ -125,9 +121,7 @@ def tensor_from_wire(value: dict, where: str) -> torch.Tensor:
     shape = value.get("shape")
     if shape is not None:
         if math.prod(shape) != tensor.numel():
-            raise InputError(
-                f"{where}: shape {shape} holds {math.prod(shape)} values but data has {tensor.numel()}."
-            )
+            raise InputError(f"{where}: shape {shape} holds {math.prod(shape)} values but data has {tensor.numel()}.")
         tensor = tensor.reshape(shape)
     return tensor.to(DTYPES[dtype]).reshape(-1)
 
@@ -184,9 +178,7 @@ class Engine:
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         self.lock = threading.RLock()
-        config = LoraConfig(
-            r=rank, lora_alpha=alpha, target_modules="all-linear", lora_dropout=0.0, bias="none"
-        )
+        config = LoraConfig(r=rank, lora_alpha=alpha, target_modules="all-linear", lora_dropout=0.0, bias="none")
         # One model built at a time: transformers loads through process-wide state (meta-device
         # initialisation), and the adapter's initial weights come from the global seed.
         with _MODEL_LOADING:
@@ -204,9 +196,7 @@ class Engine:
         a_params = [p for n, p in self.named_trainable if "lora_B" not in n]
         b_params = [p for n, p in self.named_trainable if "lora_B" in n]
         # Two groups so LoRA+ can give B matrices their own learning rate (lr * loraPlusLrRatio).
-        return torch.optim.AdamW(
-            [{"params": a_params, "lora": "A"}, {"params": b_params, "lora": "B"}], lr=1e-4
-        )
+        return torch.optim.AdamW([{"params": a_params, "lora": "A"}, {"params": b_params, "lora": "B"}], lr=1e-4)
 
     # ---- forward / backward
     def _logprobs(self, rows: list[list[int]], targets: list[torch.Tensor]) -> list[torch.Tensor]:

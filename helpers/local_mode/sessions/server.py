@@ -86,8 +86,7 @@ def check_shape(params: dict, shape) -> None:
     if problems:
         raise ServiceError(
             "ValidationException",
-            f"{len(problems)} validation error{'s' if len(problems) > 1 else ''} detected: "
-            + "; ".join(problems),
+            f"{len(problems)} validation error{'s' if len(problems) > 1 else ''} detected: " + "; ".join(problems),
         )
 
 
@@ -294,27 +293,19 @@ class Handler(BaseHTTPRequestHandler):
             answer = None
             if target.startswith("SageMaker."):
                 answer = self.endpoint.control_plane(target, body)
-            elif service == "sagemaker" or self.path.startswith(
-                ("/v1/training-sessions", "/training-sessions")
-            ):
+            elif service == "sagemaker" or self.path.startswith(("/v1/training-sessions", "/training-sessions")):
                 answer = self.endpoint.runtime(self.command, urlsplit(self.path).path, body)
             if answer is None:
-                answer = self.endpoint.aws_service(
-                    service or "s3", self.command, self.path, dict(self.headers), body
-                )
+                answer = self.endpoint.aws_service(service or "s3", self.command, self.path, dict(self.headers), body)
         except Exception:  # noqa: BLE001 - answered as the service's 500, with the reason
             answer = (
                 500,
                 {"Content-Type": "application/json", "x-amzn-ErrorType": "InternalServerException"},
-                json.dumps(
-                    {"__type": "InternalServerException", "message": traceback.format_exc(limit=3)}
-                ).encode(),
+                json.dumps({"__type": "InternalServerException", "message": traceback.format_exc(limit=3)}).encode(),
             )
         status, headers, out = answer
         self.send_response(status)
-        headers = {
-            k: v for k, v in headers.items() if k.lower() not in ("content-length", "transfer-encoding")
-        }
+        headers = {k: v for k, v in headers.items() if k.lower() not in ("content-length", "transfer-encoding")}
         for key, value in headers.items():
             self.send_header(key, value)
         self.send_header("x-amzn-RequestId", str(uuid.uuid4()))
@@ -339,9 +330,7 @@ def serve(root: Path, region: str, port: int, ready_file: Path | None) -> None:
         tmp = ready_file.with_suffix(".tmp")
         tmp.write_text(json.dumps(info))
         os.replace(tmp, ready_file)
-    print(
-        f"[local-mode] training-session endpoint on http://127.0.0.1:{server.server_address[1]}", flush=True
-    )
+    print(f"[local-mode] training-session endpoint on http://127.0.0.1:{server.server_address[1]}", flush=True)
     threading.current_thread().name = "endpoint"
     server.serve_forever()
 

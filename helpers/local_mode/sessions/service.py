@@ -197,9 +197,7 @@ class SessionService:
 
     def save(self, detail: dict) -> None:
         detail["LastModifiedTime"] = time.time()
-        _atomic_write(
-            self._session_path(detail["TrainingSessionName"]), json.dumps(detail, indent=1).encode()
-        )
+        _atomic_write(self._session_path(detail["TrainingSessionName"]), json.dumps(detail, indent=1).encode())
 
     def load(self, name: str) -> dict:
         path = self._session_path(name)
@@ -406,9 +404,7 @@ class SessionService:
                 "_session": live.name,
                 "_lora": live.detail["LoraConfig"],
             }
-            _atomic_write(
-                self.root / "model-packages" / group / f"{version}.json", json.dumps(package).encode()
-            )
+            _atomic_write(self.root / "model-packages" / group / f"{version}.json", json.dumps(package).encode())
         return package
 
     def describe_model_package(self, request: dict) -> dict:
@@ -417,9 +413,7 @@ class SessionService:
 
     def list_model_packages(self, request: dict) -> dict:
         packages = self._packages(self._group_name(request.get("ModelPackageGroupName", "")))
-        packages.sort(
-            key=lambda p: p["CreationTime"], reverse=request.get("SortOrder", "Ascending") == "Descending"
-        )
+        packages.sort(key=lambda p: p["CreationTime"], reverse=request.get("SortOrder", "Ascending") == "Descending")
         keys = (
             "ModelPackageName",
             "ModelPackageGroupName",
@@ -435,10 +429,7 @@ class SessionService:
     def delete_model_package(self, request: dict) -> dict:
         package = self._package(request["ModelPackageName"])
         (
-            self.root
-            / "model-packages"
-            / package["ModelPackageGroupName"]
-            / f"{package['ModelPackageVersion']}.json"
+            self.root / "model-packages" / package["ModelPackageGroupName"] / f"{package['ModelPackageVersion']}.json"
         ).unlink()
         return {}
 
@@ -452,9 +443,7 @@ class SessionService:
             self.describe_model_package_group({"ModelPackageGroupName": group})
         output = request["OutputConfig"]["S3Location"]["Path"]
         if not output.startswith("s3://"):
-            raise ServiceError(
-                "ValidationException", f"OutputConfig.S3Location.Path {output} must be an s3:// URI."
-            )
+            raise ServiceError("ValidationException", f"OutputConfig.S3Location.Path {output} must be an s3:// URI.")
         with self.lock:
             if self._session_path(name).exists():
                 raise ServiceError(
@@ -488,9 +477,7 @@ class SessionService:
         # The model is loaded before answering, so the first Describe already says Running (the SDK
         # polls every 10 s: a Created -> Running transition would cost each new session that long).
         try:
-            engine = engine_module.Engine(
-                entry["path"], request["LoraConfig"]["Rank"], request["LoraConfig"]["Alpha"]
-            )
+            engine = engine_module.Engine(entry["path"], request["LoraConfig"]["Rank"], request["LoraConfig"]["Alpha"])
         except Exception as error:  # noqa: BLE001
             self._end(detail, "Failed", error=f"Loading base model {entry['HuggingfaceId']} failed: {error}")
             return {"TrainingSessionArn": arn}
@@ -507,9 +494,7 @@ class SessionService:
     def list_training_sessions(self, request: dict) -> dict:
         details = [self.load(p.stem) for p in (self.root / "sessions").glob("*.json")]
         if "NameContains" in request:
-            details = [
-                d for d in details if request["NameContains"].lower() in d["TrainingSessionName"].lower()
-            ]
+            details = [d for d in details if request["NameContains"].lower() in d["TrainingSessionName"].lower()]
         if "StatusEquals" in request:
             details = [d for d in details if d["TrainingSessionStatus"] == request["StatusEquals"]]
         if "CreationTimeAfter" in request:
@@ -643,9 +628,7 @@ class SessionService:
                     engine.load_adapter_from_peft(self._adapter_of(package))
                 with engine.adapter_enabled(package is not None):
                     if operation.kind == "computeLogprobs":
-                        return {"logprobs": engine.compute_logprobs(tokens)}, {
-                            "PrefillTokenCount": len(tokens)
-                        }
+                        return {"logprobs": engine.compute_logprobs(tokens)}, {"PrefillTokenCount": len(tokens)}
                     samples = engine.sample(tokens, config["numSamples"], config["samplingParams"])
                     result = {"sequences": samples}
                     if config.get("includePromptLogprobs"):
@@ -693,9 +676,7 @@ class SessionService:
                 files["hf_merged/model.safetensors"] = save(live.engine.merged_state())
         for name, data in files.items():
             self.aws.s3.put_object(Bucket=bucket, Key=f"{key}/{name}", Body=data)
-        package = self.register_package(
-            live, prefix + "/", checkpoint, operation.config.get("description", "")
-        )
+        package = self.register_package(live, prefix + "/", checkpoint, operation.config.get("description", ""))
         return {"modelPackageArn": package["ModelPackageArn"]}
 
     def _ensure_bucket(self, bucket: str) -> None:
@@ -712,8 +693,7 @@ class SessionService:
         except Exception:  # noqa: BLE001
             raise ServiceError(
                 "ValidationException",
-                f"Model package {package['ModelPackageArn']} has no {name} "
-                f"under {uri}: its artifacts were deleted.",
+                f"Model package {package['ModelPackageArn']} has no {name} under {uri}: its artifacts were deleted.",
             ) from None
 
     def _adapter_of(self, package: dict) -> dict:

@@ -97,9 +97,17 @@ elif args.mode == "fail":
         sys.exit(1)
 
 elif args.mode == "groups":
-    names = ("SM_CURRENT_HOST", "SM_CURRENT_INSTANCE_TYPE", "SM_CURRENT_INSTANCE_GROUP",
-             "SM_CURRENT_INSTANCE_GROUP_HOSTS", "SM_INSTANCE_GROUPS", "SM_INSTANCE_GROUPS_DICT", "SM_HOSTS",
-             "SM_IS_HETERO", "SM_CHANNELS")
+    names = (
+        "SM_CURRENT_HOST",
+        "SM_CURRENT_INSTANCE_TYPE",
+        "SM_CURRENT_INSTANCE_GROUP",
+        "SM_CURRENT_INSTANCE_GROUP_HOSTS",
+        "SM_INSTANCE_GROUPS",
+        "SM_INSTANCE_GROUPS_DICT",
+        "SM_HOSTS",
+        "SM_IS_HETERO",
+        "SM_CHANNELS",
+    )
     seen = {name: os.environ.get(name) for name in names}
     seen["files"] = {
         channel: sorted(os.listdir(os.environ[f"SM_CHANNEL_{channel.upper()}"]))
