@@ -15,6 +15,7 @@ import html
 import os
 import time
 from dataclasses import dataclass, field
+from urllib.parse import urlparse
 
 try:  # the same reader in both SDKs: v2's sagemaker.logs moved to sagemaker.core.logs in v3
     from sagemaker.logs import Position, log_stream
@@ -173,13 +174,20 @@ def watch(
     job_name: str,
     max_steps: int | None = None,
     *,
-    poll_seconds: float = 2.0,
-    max_poll_seconds: float = 15.0,
+    poll_seconds: float | None = None,
+    max_poll_seconds: float | None = None,
     timeout_seconds: float | None = None,
     widgets: bool | None = None,
     raise_on_failure: bool = True,
 ) -> JobResult:
-    """Follow ``job_name`` until it ends; returns its status, metric records and description."""
+    """Follow ``job_name`` until it ends; returns its status, metric records and description.
+
+    On SageMaker the polls start at 2 s and slow down to 15 s, gentle on the APIs for long jobs.
+    Local mode answers from this machine, so it polls every second and a job's end shows at once."""
+    endpoint = urlparse(session.sagemaker_client.meta.endpoint_url).hostname
+    local = getattr(session, "run_mode", None) == "local" or endpoint in ("127.0.0.1", "localhost")
+    poll_seconds = poll_seconds or (1.0 if local else 2.0)
+    max_poll_seconds = max_poll_seconds or (1.0 if local else 15.0)
     client = session.sagemaker_client
     logs = LogReader(session.boto_session.client("logs", region_name=session.boto_region_name), job_name)
     view = (_WidgetView if (use_widgets() if widgets is None else widgets) else _TextView)(job_name, max_steps)
@@ -206,7 +214,7 @@ def watch(
                 f"it keeps running: watch it again or stop it with stop_training_job."
             )
         time.sleep(delay)
-        delay = min(max_poll_seconds, delay * 1.15)  # quick at first, gentle on the APIs for long jobs
+        delay = min(max_poll_seconds, delay * 1.15)
 
     result = JobResult(
         job_name,

@@ -329,11 +329,14 @@ class _FakeLogs:
 class _FakeSession:
     boto_region_name = "us-east-1"
 
-    def __init__(self, statuses, log_batches, failure=None):
+    def __init__(self, statuses, log_batches, failure=None, endpoint="https://api.sagemaker.us-east-1.amazonaws.com"):
         statuses = list(statuses)
         logs = _FakeLogs(log_batches)
 
         class SageMaker:
+            class meta:
+                endpoint_url = endpoint
+
             def describe_training_job(self, TrainingJobName):
                 status = statuses.pop(0) if len(statuses) > 1 else statuses[0]
                 return {
@@ -382,6 +385,26 @@ def test_watch_raises_with_the_reason_and_the_fix_when_the_job_fails():
     )
     with pytest.raises(live.JobFailed, match="(?s)CapacityError.*retry later.*ValueError: bad row"):
         live.watch(session, "job", poll_seconds=0.01, widgets=False)
+
+
+@pytest.mark.parametrize(
+    "endpoint, expected",
+    [
+        ("https://api.sagemaker.us-east-1.amazonaws.com", [2.0, 2.3, 2.645, 3.042, 3.498]),
+        ("http://127.0.0.1:8123", [1.0] * 5),  # the local endpoint (SDK v3 in local mode)
+    ],
+)
+def test_watch_polls_gently_on_aws_and_every_second_locally(monkeypatch, endpoint, expected):
+    slept = []
+    monkeypatch.setattr(live.time, "sleep", slept.append)
+    session = _FakeSession([("InProgress", "Training")] * 5 + [("Completed", "Completed")], [[]], endpoint=endpoint)
+    live.watch(session, "job", widgets=False)
+    assert slept == pytest.approx(expected, abs=1e-3)
+
+    slept.clear()  # a long job on AWS: the interval stops growing at 15 s
+    session = _FakeSession([("InProgress", "Training")] * 40 + [("Completed", "Completed")], [[]], endpoint=endpoint)
+    live.watch(session, "job", widgets=False)
+    assert max(slept) == (15.0 if "amazonaws" in endpoint else 1.0)
 
 
 def test_widgets_are_off_outside_a_jupyter_front_end(monkeypatch):

@@ -1,8 +1,11 @@
 """The endpoint through raw boto3 clients (the main environment's botocore, pinned 1.44): what the
 service checks, sequence-number rules, billing, the lifecycle and a killed service process."""
 
+import subprocess
+import sys
 import time
 import uuid
+from pathlib import Path
 
 import boto3
 import psutil
@@ -10,6 +13,8 @@ import pytest
 from botocore.exceptions import ClientError, ParamValidationError
 
 from helpers.local_mode import sessions
+
+REPO = Path(__file__).resolve().parents[2]
 
 ROLE = "arn:aws:iam::123456789012:role/SageMakerRole"
 TINY_ARN = "arn:aws:sagemaker:us-east-1:aws:hub-content/SageMakerPublicHub/Model/local-tiny-qwen2/1.0.0"
@@ -204,6 +209,21 @@ def test_lifecycle_stop_then_delete(clients):
     with pytest.raises(ClientError) as error:
         control.describe_training_session(TrainingSessionName=name)
     assert code(error)[0] == "ResourceNotFound"
+
+
+def test_kernels_that_start_the_service_at_once_share_one(tmp_path):
+    root = tmp_path / "root"
+    start = f"from helpers.local_mode import sessions; print(sessions.start_service({str(root)!r}).pid)"
+    starters = [
+        subprocess.Popen([sys.executable, "-c", start], stdout=subprocess.PIPE, text=True, cwd=REPO) for _ in range(2)
+    ]
+    try:
+        pids = {int(p.communicate(timeout=120)[0].split()[-1]) for p in starters}
+        assert len(pids) == 1, pids
+        running = [p for p in psutil.process_iter(["cmdline"]) if str(root) in " ".join(p.info["cmdline"] or [])]
+        assert [p.pid for p in running] == list(pids)
+    finally:
+        sessions.stop_service(root)
 
 
 def test_a_killed_service_leaves_its_sessions_failed(tmp_path):

@@ -14,6 +14,7 @@ HTTP through documented settings only: ``AWS_ENDPOINT_URL_<SERVICE>`` (botocore)
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import re
@@ -142,9 +143,16 @@ def running_endpoint(root: str | os.PathLike | None = None) -> Endpoint | None:
 def start_service(root: str | os.PathLike | None = None, region: str = "us-east-1", timeout: float = 120.0) -> Endpoint:
     """Start the endpoint process for ``root`` (or return the one already running) and register the
     tiny model, and SmolLM2-135M-Instruct where its wheel is installed. The process outlives this
-    Python process, as the real service outlives a kernel."""
+    Python process, as the real service outlives a kernel. Kernels that start at once (the main
+    job runs two lanes of notebooks) take turns, so they share one endpoint."""
     root = Path(root).expanduser() if root else local_root()
     _sessions_root(root).mkdir(parents=True, exist_ok=True)
+    with open(_sessions_root(root) / "start.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        return _start_service(root, region, timeout)
+
+
+def _start_service(root: Path, region: str, timeout: float) -> Endpoint:
     from helpers.models_offline import smollm2_dir, smollm2_installed
     from helpers.tiny_model import tiny_model_dir
 

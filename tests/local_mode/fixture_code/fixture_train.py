@@ -72,6 +72,8 @@ elif args.mode == "allreduce":
     rank = dist.get_rank()
     value = torch.tensor([float(rank + 1)])
     dist.all_reduce(value)
+    threads = torch.tensor([float(torch.get_num_threads())])
+    dist.all_reduce(threads)  # the compute threads of all hosts together
     if args.fail_host and os.environ.get("SM_CURRENT_HOST", "").endswith(args.fail_host):
         with open(failure_file, "w") as f:
             f.write(f"rank {rank} gave up on purpose")
@@ -83,6 +85,7 @@ elif args.mode == "allreduce":
                 {
                     "sum": value.item(),
                     "world_size": dist.get_world_size(),
+                    "threads": threads.item(),
                     "hosts": json.loads(os.environ["SM_HOSTS"]),
                 },
                 f,
