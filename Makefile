@@ -55,10 +55,20 @@ IMAGE_ONLY := tests/scripts_common tests/code_rl tests/sandbox tests/sft_dpo/tes
 # The slowest tests of each part, so a run's log shows where the suite's time goes.
 PYTEST_REPORT := --durations=15 --durations-min=5
 
-## test: the whole test suite (what .ci/run calls): the main environment, then the image's
+# The image environment's tests run beside the main environment's, whose notebook run waits on jobs
+# and sessions much of its time; their report, kept in this file, follows the main one.
+IMAGE_REPORT := outputs/pytest-image.log
+
+## test: the whole test suite (what .ci/run calls): the main environment's, with the image's beside it
 test: $(VENV)/.stamp $(SDK_V3_KERNEL) $(IMAGE_VENV)/.stamp
-	$(PY) -m pytest $(PYTEST_REPORT) $(addprefix --ignore=,$(IMAGE_ONLY))
-	$(IMAGE_PY) -m pytest $(PYTEST_REPORT) $(CONTAINER_TESTS) $(addprefix --ignore=,$(TRL_PARITY))
+	@mkdir -p $(dir $(IMAGE_REPORT))
+	@echo "The image environment's tests (transformers 4.56.2) run beside these; their report follows."
+	@$(IMAGE_PY) -m pytest $(PYTEST_REPORT) $(CONTAINER_TESTS) $(addprefix --ignore=,$(TRL_PARITY)) \
+		> $(IMAGE_REPORT) 2>&1 & image=$$!; \
+	$(PY) -m pytest $(PYTEST_REPORT) $(addprefix --ignore=,$(IMAGE_ONLY)); main=$$?; \
+	wait $$image; image_status=$$?; \
+	echo; echo "=== the image environment's tests ($(IMAGE_REPORT))"; cat $(IMAGE_REPORT); \
+	test $$main -eq 0 -a $$image_status -eq 0
 
 lint: $(VENV)/.stamp
 	$(PY) -m ruff check helpers scripts session_loops tests bench notebooks

@@ -23,9 +23,11 @@ import json
 import os
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from helpers import session_notebooks as training_sessions
+from helpers.local_mode import hosts as hostlib
 
 REPO = Path(__file__).resolve().parents[1]
 NOTEBOOK_DIR = REPO / "notebooks"
@@ -173,11 +175,20 @@ def prepare_environment(out: Path) -> dict:
     return env
 
 
-def run(out: Path, only: list[str] | None = None, cell_timeout: int | None = None, model: str = "tiny") -> dict:
-    """Run the notebooks; a cell may take ``cell_timeout`` seconds (default: 15 minutes, an hour for
-    the real model, whose jobs' watching cells wait for the whole job)."""
-    import papermill
+def lanes(selected: list[Path]) -> list[list[Path]]:
+    """The notebooks as lanes that run side by side once notebook 00 has prepared the data; each lane
+    runs in order. The training-job notebooks are one lane: 02-06 start from 01's model, and local
+    mode runs one job at a time anyway. The training-session notebooks launch no job, read only what
+    00 wrote, and the session service trains on one core, so they run beside the jobs."""
+    sessions = [n for n in selected if n.name[:2] in training_sessions.NOTEBOOKS]
+    jobs = [n for n in selected if n not in sessions and not n.name.startswith("00")]
+    return [lane for lane in (jobs, sessions) if lane]
 
+
+def run(out: Path, only: list[str] | None = None, cell_timeout: int | None = None, model: str = "tiny") -> dict:
+    """Run the notebooks: 00 first, then the lanes side by side; a cell may take ``cell_timeout``
+    seconds (default: 15 minutes, an hour for the real model, whose jobs' watching cells wait for the
+    whole job). A failing notebook ends its lane; the other lane runs on."""
     cell_timeout = cell_timeout or (900 if model == "tiny" else 3600)
     out = out.resolve()
     (out / "notebooks").mkdir(parents=True, exist_ok=True)
@@ -186,48 +197,70 @@ def run(out: Path, only: list[str] | None = None, cell_timeout: int | None = Non
     if not only and state_file.exists():
         state_file.unlink()  # a full run starts from a clean hand-over file
     prepare_environment(out)
-    results = []
     # a model other than the tiny one runs the notebooks its profile has parameters for
     selected = notebooks(only or (None if model == "tiny" else sorted(PROFILES[model])))
-    for index, notebook in enumerate(selected, 1):
-        executed = out / "notebooks" / notebook.name
-        started = time.monotonic()
-        print(f"[{index}/{len(selected)}] {notebook.name} ...", flush=True)
-        entry = {"notebook": notebook.name, "executed": str(executed)}
-        try:
-            papermill.execute_notebook(
-                str(notebook),
-                str(executed),
-                parameters=ci_parameters(notebook, work_dir, model),
-                cwd=str(NOTEBOOK_DIR),
-                kernel_name=training_sessions.kernel_name(notebook),
-                progress_bar=False,
-                log_output=False,
-                execution_timeout=cell_timeout,
-            )
-            entry["status"] = "ok"
-        except Exception as error:  # a cell raised, the kernel died, a timeout, a bad notebook file
-            ename = getattr(error, "ename", None) or type(error).__name__
-            evalue = getattr(error, "evalue", None) or str(error).strip()
-            entry.update(
-                status="failed",
-                cell=_failing_cell(executed, getattr(error, "exec_count", None)),
-                error=f"{ename}: {evalue}"[:2000],
-            )
-        entry["seconds"] = round(time.monotonic() - started, 1)
-        results.append(entry)
-        line = f"[{index}/{len(selected)}] {notebook.name} {entry['status']} ({entry['seconds']:.0f} s)"
-        if entry["status"] != "ok":
-            line += (
-                f"\n    failing cell: {entry['cell']}\n    {entry['error'].splitlines()[0] if entry['error'] else ''}"
-            )
-        print(line, flush=True)
-        if entry["status"] != "ok":
-            break
+    number = {notebook: index for index, notebook in enumerate(selected, 1)}
+    results = []
+    started = time.monotonic()
+
+    def run_lane(lane: list[Path]) -> bool:
+        for notebook in lane:
+            print(f"[{number[notebook]}/{len(selected)}] {notebook.name} ...", flush=True)
+            entry = execute(notebook, out, work_dir, model, cell_timeout)
+            results.append(entry)
+            line = f"[{number[notebook]}/{len(selected)}] {notebook.name} {entry['status']} ({entry['seconds']:.0f} s)"
+            if entry["status"] != "ok":
+                line += f"\n    failing cell: {entry['cell']}\n    {entry['error'].splitlines()[0] if entry['error'] else ''}"
+            print(line, flush=True)
+            if entry["status"] != "ok":
+                return False
+        return True
+
+    side_by_side = lanes(selected)
+    # Lanes side by side share the cores: a job or kernel that starts a thread per core would wait, at
+    # every parallel step, for threads that another lane has taken off the cores (03's GRPO job ran
+    # 7x slower beside 09 so). Local mode sizes each job's hosts from this.
+    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, hostlib.machine_threads() // max(1, len(side_by_side)))))
+    if run_lane([n for n in selected if n.name.startswith("00")]):
+        with ThreadPoolExecutor(max_workers=max(1, len(side_by_side))) as pool:
+            list(pool.map(run_lane, side_by_side))
+    results.sort(key=lambda entry: entry["notebook"])
     summary = build_summary(results, state_file, out)
+    summary["seconds"] = round(time.monotonic() - started, 1)
     write_summary(summary, out)
     print(render_markdown(summary), flush=True)
     return summary
+
+
+def execute(notebook: Path, out: Path, work_dir: Path, model: str, cell_timeout: int) -> dict:
+    """One notebook with papermill, in its kernel, with the profile's parameters."""
+    import papermill
+
+    executed = out / "notebooks" / notebook.name
+    started = time.monotonic()
+    entry = {"notebook": notebook.name, "executed": str(executed)}
+    try:
+        papermill.execute_notebook(
+            str(notebook),
+            str(executed),
+            parameters=ci_parameters(notebook, work_dir, model),
+            cwd=str(NOTEBOOK_DIR),
+            kernel_name=training_sessions.kernel_name(notebook),
+            progress_bar=False,
+            log_output=False,
+            execution_timeout=cell_timeout,
+        )
+        entry["status"] = "ok"
+    except Exception as error:  # a cell raised, the kernel died, a timeout, a bad notebook file
+        ename = getattr(error, "ename", None) or type(error).__name__
+        evalue = getattr(error, "evalue", None) or str(error).strip()
+        entry.update(
+            status="failed",
+            cell=_failing_cell(executed, getattr(error, "exec_count", None)),
+            error=f"{ename}: {evalue}"[:2000],
+        )
+    entry["seconds"] = round(time.monotonic() - started, 1)
+    return entry
 
 
 def _failing_cell(executed: Path, exec_count) -> str:
@@ -351,7 +384,12 @@ def render_markdown(summary: dict) -> str:
     lines = [
         f"# Main job summary{f' ({model})' if model not in (None, 'tiny') else ''}",
         "",
-        f"Result: {'all notebooks ran' if summary['ok'] else 'FAILED'}",
+        f"Result: {'all notebooks ran' if summary['ok'] else 'FAILED'}"
+        + (
+            f" in {summary['seconds']:.0f} s (the job and session notebooks side by side)"
+            if "seconds" in summary
+            else ""
+        ),
         "",
         "## Notebooks",
         "",

@@ -12,6 +12,8 @@ import json
 from pathlib import Path
 
 RECORDS_FILE = "training_sessions.json"
+# The training-session notebooks: each trains through a session and launches no training job.
+NOTEBOOKS = ("07", "08", "09", "10")
 
 # Local mode, the tiny model, a few steps (the notebooks default to the cloud).
 CI_PARAMETERS = {

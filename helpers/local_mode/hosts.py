@@ -200,10 +200,16 @@ def threads_per_host(job: dict) -> int:
     """Each instance has its own cores on SageMaker; here all hosts share this machine's. A host that
     takes every core makes N hosts run N times as many busy threads as there are cores, and a step
     then waits for threads that are spinning elsewhere (notebook 1's two-host SFT job ran 4.6x slower
-    so). The job's own ``OMP_NUM_THREADS`` wins."""
+    so). The cores are this process's, or its ``OMP_NUM_THREADS`` where set (the main job gives each
+    of its lanes a share so); the job's own ``OMP_NUM_THREADS`` wins."""
     hosts = sum(group["InstanceCount"] for group in instance_groups(job["ResourceConfig"]))
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    return max(1, cores // hosts)
+    return max(1, machine_threads() // hosts)
+
+
+def machine_threads() -> int:
+    if os.environ.get("OMP_NUM_THREADS", "").isdigit():
+        return int(os.environ["OMP_NUM_THREADS"])
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
 def link_or_copy_tree(src: Path, dst: Path) -> None:

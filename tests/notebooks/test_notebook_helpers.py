@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import textwrap
+import time
 
 import pytest
 from botocore.exceptions import ClientError, NoCredentialsError
@@ -455,6 +456,36 @@ def test_summary_names_the_failing_notebook_and_cell(tmp_path):
     assert "01_estimator_sft.ipynb: failed" in text and "cell 7: show(...)" in text and "LookupError" in text
     assert "sft-1 -- Completed; last step 4: loss=1.25" in text
     assert "base: accuracy 0.250" in text and "trained: accuracy 0.500" in text
+
+
+def test_job_notebooks_and_session_notebooks_are_two_lanes():
+    from helpers import run_notebooks
+
+    prefixes = [[n.name[:2] for n in lane] for lane in run_notebooks.lanes(run_notebooks.notebooks())]
+    assert prefixes == [["01", "02", "03", "04", "05", "06", "11"], ["07", "08", "09", "10"]]
+
+
+def test_lanes_run_side_by_side_after_00_and_a_failure_ends_only_its_lane(tmp_path, monkeypatch):
+    from helpers import run_notebooks
+
+    spans = {}
+
+    def fake_execute(notebook, out, work_dir, model, cell_timeout):
+        started = time.monotonic()
+        time.sleep(0.3)
+        spans[notebook.name[:2]] = (started, time.monotonic())
+        failed = notebook.name.startswith("02")
+        return {"notebook": notebook.name, "status": "failed" if failed else "ok", "seconds": 0.3,
+                "cell": "cell 3: x", "error": "ValueError: on purpose" if failed else None}  # fmt: skip
+
+    monkeypatch.setattr(run_notebooks, "execute", fake_execute)
+    monkeypatch.setattr(run_notebooks, "prepare_environment", lambda out: {})
+    summary = run_notebooks.run(tmp_path, only=["00", "01", "02", "03", "07", "08"])
+    assert [r["notebook"][:2] for r in summary["notebooks"]] == ["00", "01", "02", "07", "08"]  # 03 never ran
+    assert not summary["ok"]
+    assert all(spans["00"][1] <= start for name, (start, _) in spans.items() if name != "00")
+    assert spans["07"][0] < spans["01"][1] and spans["01"][0] < spans["07"][1]  # at the same time
+    assert summary["seconds"] < sum(end - start for start, end in spans.values())
 
 
 def test_widget_view_shows_status_progress_and_metrics():
