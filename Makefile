@@ -8,7 +8,7 @@ PY := $(VENV)/bin/python
 MODEL ?= tiny
 OUT ?= outputs/$(if $(filter tiny,$(MODEL)),main,main-$(MODEL))
 
-.PHONY: main test lint bench clean-env
+.PHONY: main test environments lint bench clean-env
 
 $(VENV)/.stamp: requirements.txt
 	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "Python 3.11+ is needed, found " + sys.version.split()[0]'
@@ -55,12 +55,17 @@ IMAGE_ONLY := tests/scripts_common tests/code_rl tests/sandbox tests/sft_dpo/tes
 # The slowest tests of each part, so a run's log shows where the suite's time goes.
 PYTEST_REPORT := --durations=15 --durations-min=5
 
+# Every environment the tests use, built side by side on a fresh machine (three pip installs).
+environments: $(VENV)/.stamp $(SDK_V3_KERNEL) $(IMAGE_VENV)/.stamp
+	@:
+
 # The image environment's tests run beside the main environment's, whose notebook run waits on jobs
 # and sessions much of its time; their report, kept in this file, follows the main one.
 IMAGE_REPORT := outputs/pytest-image.log
 
 ## test: the whole test suite (what .ci/run calls): the main environment's, with the image's beside it
-test: $(VENV)/.stamp $(SDK_V3_KERNEL) $(IMAGE_VENV)/.stamp
+test:
+	@$(MAKE) --no-print-directory -j3 environments
 	@mkdir -p $(dir $(IMAGE_REPORT))
 	@echo "The image environment's tests (transformers 4.56.2) run beside these; their report follows."
 	@$(IMAGE_PY) -m pytest $(PYTEST_REPORT) $(CONTAINER_TESTS) $(addprefix --ignore=,$(TRL_PARITY)) \
@@ -82,7 +87,7 @@ clean-env:
 
 # The training-session environment: SageMaker SDK v3 (sagemaker-train) cannot share a virtual
 # environment with SDK v2 (both own sagemaker/__init__.py), so it gets its own.
-$(SESSIONS_VENV)/.stamp: requirements-sessions.txt $(VENV)/.stamp
+$(SESSIONS_VENV)/.stamp: requirements-sessions.txt
 	@test -x $(SESSIONS_VENV)/bin/python || $(PYTHON) -m venv $(SESSIONS_VENV)
 	$(SESSIONS_VENV)/bin/python -m pip install -q --disable-pip-version-check -r requirements-sessions.txt
 	$(SESSIONS_VENV)/bin/python -m pip check
@@ -90,6 +95,6 @@ $(SESSIONS_VENV)/.stamp: requirements-sessions.txt $(VENV)/.stamp
 
 # The kernel the SDK v3 notebooks (07 onwards) name, registered inside the main environment (where
 # papermill and Jupyter look first), so each checkout runs them in its own SDK v3 environment.
-$(SDK_V3_KERNEL): $(SESSIONS_VENV)/.stamp
+$(SDK_V3_KERNEL): $(SESSIONS_VENV)/.stamp $(VENV)/.stamp
 	$(SESSIONS_VENV)/bin/python -m ipykernel install --prefix $(abspath $(VENV)) --name sagemaker-sdk-v3 \
 		--display-name "SageMaker SDK v3"

@@ -112,14 +112,17 @@ class SageMakerAPI:
         if job is None:
             raise ServiceError("ValidationException", "Requested resource not found.")
         if job["TrainingJobStatus"] in _ACTIVE and not self._still_running(job):
-            # The kernel that ran it exited (a notebook closed, a crash): nothing runs it any more.
-            job["TrainingJobStatus"] = job["SecondaryStatus"] = "Failed"
-            job["FailureReason"] = (
-                "ClientError: local mode ran this job in a Python process that ended before the job "
-                f"finished (pid {job['_owner']['pid']}). Run the job again and keep that kernel open until it ends."
-            )
-            job["LastModifiedTime"] = time.time()
-            self.storage.save_job(job)
+            # Its runner saves the job's end, then leaves RUNNING: read it again, it may have just ended.
+            job = self.storage.load_job(name)
+            if job["TrainingJobStatus"] in _ACTIVE:
+                # The kernel that ran it exited (a notebook closed, a crash): nothing runs it any more.
+                job["TrainingJobStatus"] = job["SecondaryStatus"] = "Failed"
+                job["FailureReason"] = (
+                    "ClientError: local mode ran this job in a Python process that ended before the job "
+                    f"finished (pid {job['_owner']['pid']}). Run the job again and keep that kernel open until it ends."
+                )
+                job["LastModifiedTime"] = time.time()
+                self.storage.save_job(job)
         return job
 
     @staticmethod

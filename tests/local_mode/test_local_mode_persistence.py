@@ -126,3 +126,35 @@ def test_killed_kernel_leaves_nothing_running(local_session, fixture_code, tmp_p
     description = local_session.sagemaker_client.describe_training_job(TrainingJobName="fixture-orphan-check")
     assert description["TrainingJobStatus"] == "Failed"
     assert "ended before the job finished" in description["FailureReason"]
+
+
+class _Reads:
+    """A job store whose reads return the given records in turn."""
+
+    def __init__(self, *records):
+        self.records, self.saved = list(records), []
+
+    def load_job(self, name):
+        return dict(self.records.pop(0))
+
+    def save_job(self, job):
+        self.saved.append(job)
+
+
+def test_a_job_that_ends_while_it_is_described_is_not_taken_for_an_orphan():
+    """The runner saves the job's end, then leaves RUNNING; a describe that read the job before the
+    save and checks RUNNING after it must not mark the finished job Failed."""
+    from types import SimpleNamespace
+
+    from helpers.local_mode import api
+
+    ran_here = {"TrainingJobName": "just-ended", "SecondaryStatus": "Training", "_owner": api._process_identity()}
+    store = _Reads({**ran_here, "TrainingJobStatus": "InProgress"}, {**ran_here, "TrainingJobStatus": "Completed"})
+    assert api.SageMakerAPI(SimpleNamespace(storage=store))._load("just-ended")["TrainingJobStatus"] == "Completed"
+    assert store.saved == []
+
+    orphan = {**ran_here, "TrainingJobStatus": "InProgress"}  # still active when read again: nothing runs it
+    store = _Reads(orphan, orphan)
+    job = api.SageMakerAPI(SimpleNamespace(storage=store))._load("just-ended")
+    assert job["TrainingJobStatus"] == "Failed" and "ended before the job finished" in job["FailureReason"]
+    assert store.saved == [job]
