@@ -44,7 +44,7 @@ CI_PARAMETERS = {
         "lora_rank": 16,
         "lora_alpha": 32,
         "task": "offline",
-        "steps": 16,
+        "steps": 12,
         "problems_per_step": 8,
         "group_size": 4,
         "learning_rate": 1e-3,

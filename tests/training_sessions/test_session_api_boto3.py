@@ -229,6 +229,16 @@ def test_kernels_that_start_the_service_at_once_share_one(tmp_path):
         sessions.stop_service(root)
 
 
+def test_stopping_the_service_stops_a_stray_one_of_the_same_root(tmp_path):
+    root = tmp_path / "root"
+    first = sessions.start_service(root)
+    (root / "training-sessions" / "service.json").unlink()  # its record lost: the next start makes another
+    second = sessions.start_service(root)
+    assert second.pid != first.pid
+    assert sessions.stop_service(root)
+    assert not any(psutil.pid_exists(p.pid) and psutil.Process(p.pid).status() != "zombie" for p in (first, second))
+
+
 def test_a_killed_service_leaves_its_sessions_failed(tmp_path):
     root = tmp_path / "root"
     first = sessions.start_service(root)

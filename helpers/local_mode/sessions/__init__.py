@@ -14,6 +14,7 @@ HTTP through documented settings only: ``AWS_ENDPOINT_URL_<SERVICE>`` (botocore)
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import json
 import os
@@ -207,16 +208,22 @@ def _start_service(root: Path, region: str, timeout: float) -> Endpoint:
 
 
 def stop_service(root: str | os.PathLike | None = None, timeout: float = 10.0) -> bool:
-    """Stop the endpoint of ``root`` if one runs; its Running sessions become Failed on next start."""
+    """Stop the endpoint of ``root`` if one runs, and any other service process of that root (one whose
+    record was lost); its Running sessions become Failed on next start."""
+    root = Path(root).expanduser() if root else local_root()
     endpoint = running_endpoint(root)
-    if endpoint is None:
-        return False
-    process = psutil.Process(endpoint.pid)
-    process.send_signal(signal.SIGTERM)
-    try:
-        process.wait(timeout)
-    except psutil.TimeoutExpired:
-        process.kill()
-        process.wait(timeout)
-    _info_path(endpoint.root).unlink(missing_ok=True)
-    return True
+    processes = [psutil.Process(endpoint.pid)] if endpoint else []
+    for process in psutil.process_iter(["cmdline"]):
+        command = process.info["cmdline"] or []
+        if "helpers.local_mode.sessions.server" in command and str(root) in command and process not in processes:
+            processes.append(process)
+    for process in processes:
+        with contextlib.suppress(psutil.Error):
+            process.send_signal(signal.SIGTERM)
+    _, alive = psutil.wait_procs(processes, timeout)
+    for process in alive:
+        with contextlib.suppress(psutil.Error):
+            process.kill()
+    psutil.wait_procs(alive, timeout)
+    _info_path(root).unlink(missing_ok=True)
+    return endpoint is not None
