@@ -1,7 +1,7 @@
 """Code RL on a SageMaker training session: the GRPO loop of ``grpo.py`` with the code environment, whose
 judge runs the model's programs in the project's sandbox on this machine.
 
-    .venv-sessions/bin/python -m session_loops.code_rl --run-mode local     # 16 steps, as notebook 09 in CI
+    .venv-sessions/bin/python -m session_loops.code_rl --run-mode local     # 16 steps (notebook 09 runs 12 in CI)
     .venv-sessions/bin/python -m session_loops.code_rl --run-mode sagemaker --base-model Qwen/Qwen3-4B --role arn:...
 
 The training jobs' code RL (``scripts/code_rl.py``) has one process learn while the others judge. Here
