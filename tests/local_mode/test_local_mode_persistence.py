@@ -158,3 +158,21 @@ def test_a_job_that_ends_while_it_is_described_is_not_taken_for_an_orphan():
     job = api.SageMakerAPI(SimpleNamespace(storage=store))._load("just-ended")
     assert job["TrainingJobStatus"] == "Failed" and "ended before the job finished" in job["FailureReason"]
     assert store.saved == [job]
+
+
+def test_s3_writes_skip_the_network_checksum(local_session):
+    """Local S3 is moto in this process: a PutObject carries no aws-chunked CRC, which cost a 540 MB model
+    ~25 s per put (at every kernel's restore and every upload). The object still arrives whole, on disk too."""
+    from helpers import local_mode
+
+    sent = []
+    s3 = local_session.boto_session.client("s3")
+    s3.meta.events.register("before-send.s3.PutObject", lambda request, **_: sent.append(dict(request.headers)))
+    body = os.urandom(3 * 1024 * 1024)
+    bucket = local_session.default_bucket()
+    s3.put_object(Bucket=bucket, Key="fixture/weights.bin", Body=body)
+    (headers,) = sent
+    assert not [h for h in headers if h.lower().startswith("x-amz-checksum")], headers
+    assert "aws-chunked" not in str(headers.get("Content-Encoding", "")), headers
+    assert s3.get_object(Bucket=bucket, Key="fixture/weights.bin")["Body"].read() == body
+    assert (local_mode.active_root() / "s3" / bucket / "fixture" / "weights.bin").read_bytes() == body
