@@ -77,18 +77,18 @@ def test_dpo_preference_accuracy_and_margin_rise(smollm2_run):
     assert _ends(margins)[1] > _ends(margins)[0], margins
 
 
-@pytest.mark.xfail(
-    reason="measured: notebook 1's SFT model already solves the easy offline GSM8K set (0.94), so "
-    "every GRPO group scores the same (frac_reward_zero_std 1); needs a harder task",
-    strict=False,
-)
 @pytest.mark.parametrize("prefix", ["03", "05"])
-def test_grpo_gets_a_gradient_and_its_reward_rises(smollm2_run, prefix):
+def test_grpo_from_the_base_model_gets_a_gradient_and_its_reward_rises(smollm2_run, prefix):
+    """GRPO starts from the base model, right about a third of the time in sentences (the SFT model of
+    01 solves the easy set, so its groups would all score the same). Measured with the profile's sizes,
+    the script run directly: reward 0.31 -> 0.94 over 16 steps, format reward 0.04 -> 0.96."""
     rewards = _curve(smollm2_run, prefix, "reward")
     assert len(rewards) == PROFILE[prefix]["max_steps"]
     first, last = _ends(rewards)
-    assert first > 0.0 and last > first, rewards
-    assert min(_curve(smollm2_run, prefix, "frac_reward_zero_std")) < 1.0
+    assert first > 0.0 and last > first + 0.2, rewards
+    assert _ends(_curve(smollm2_run, prefix, "format_reward"))[1] > 0.5
+    zero_std = _curve(smollm2_run, prefix, "frac_reward_zero_std")
+    assert max(zero_std) < 1.0, zero_std  # every step had a group that differed: a gradient at every step
 
 
 def test_held_out_accuracy_rises_with_the_same_checker(smollm2_run):
