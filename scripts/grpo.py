@@ -30,6 +30,7 @@ from typing import Literal
 
 import torch
 from common import checkpoints, contract, data, distributed, generation, metrics, models
+from common.advantages import group_advantages
 from common.contract import UserError, option
 from environments import Environment
 from transformers import get_constant_schedule_with_warmup, get_cosine_schedule_with_warmup
@@ -115,19 +116,6 @@ def parse_args(argv: list[str] | None = None) -> GRPOArgs:
 
 
 # --------------------------------------------------------------------------- GRPO maths
-
-
-def group_advantages(rewards: torch.Tensor, num_generations: int, scale_rewards: str) -> torch.Tensor:
-    """Advantage of each completion relative to its group (rewards are ordered group by group).
-
-    A_i = r_i - mean(group)           (scale_rewards="none", Dr. GRPO)
-    A_i = (r_i - mean) / (std + 1e-4)  (scale_rewards="group", the GRPO paper; std with Bessel's correction)
-    """
-    grouped = rewards.view(-1, num_generations)
-    advantages = grouped - grouped.mean(dim=1, keepdim=True)
-    if scale_rewards == "group":
-        advantages = advantages / (grouped.std(dim=1, keepdim=True) + 1e-4)
-    return advantages.reshape(-1)
 
 
 def completion_logprobs(
@@ -307,7 +295,11 @@ def train(args: GRPOArgs, env: Environment, learners: distributed.Learners) -> b
         reward_time = time.perf_counter() - started
 
         # ---- 4. group-relative advantages (a group never spans learners)
-        advantages = group_advantages(rewards, args.num_generations, args.scale_rewards)
+        advantages = torch.tensor(
+            group_advantages(rewards.tolist(), args.num_generations, args.scale_rewards),
+            dtype=torch.float32,
+            device=learners.device,
+        )
 
         # ---- 5. the policy update
         started = time.perf_counter()

@@ -380,15 +380,6 @@ def _values(tensor) -> list:
 # --------------------------------------------------------------------------- RL pieces
 
 
-def group_advantages(rewards: list[float]) -> list[float] | None:
-    """GRPO's advantage: each completion's reward minus its group's mean (Dr. GRPO: no division by the
-    standard deviation). None for a group whose rewards are all equal: it teaches nothing, so it is skipped."""
-    mean = sum(rewards) / len(rewards)
-    if all(r == rewards[0] for r in rewards):
-        return None
-    return [r - mean for r in rewards]
-
-
 def ratio_stats(datums, outputs, low: float, high: float) -> dict[str, float]:
     """How off-policy the batch was: the training model's logprobs (returned by forward_backward, before
     this step's update) against the sampler's, over the completion tokens. ``clip_fraction`` is the share

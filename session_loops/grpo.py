@@ -27,6 +27,8 @@ import random
 
 from session_loops import common
 
+from common.advantages import group_advantages, is_flat  # noqa: E402  (scripts/ is on the path: session_loops.common)
+
 PPO_CLIP = {"clip_low_threshold": 0.8, "clip_high_threshold": 1.2}
 
 
@@ -133,10 +135,12 @@ def train(
         score_groups(env, groups, format_reward_weight)
         completions, skipped = [], 0  # (prompt, sample, advantage) of the groups that teach something
         for group in groups:
-            advantages = common.group_advantages([s["reward"] for s in group["scores"]])
-            if advantages is None:
+            rewards = [s["reward"] for s in group["scores"]]
+            if is_flat(rewards):  # every answer scored the same: all advantages are 0, nothing to train on
                 skipped += 1
                 continue
+            # Dr. GRPO: only centred, not divided by the group's std (see scripts/common/advantages.py)
+            advantages = group_advantages(rewards, group_size, scale_rewards="none")
             completions += [
                 (group["prompt"], sample, advantage)
                 for sample, advantage in zip(group["samples"], advantages, strict=True)

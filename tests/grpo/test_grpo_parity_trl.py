@@ -6,7 +6,8 @@ TRL's ``GRPOTrainer`` is built on the tiny model and its real ``_compute_loss`` 
 
 import pytest
 import torch
-from grpo import completion_logprobs, group_advantages, grpo_loss
+from common.advantages import group_advantages
+from grpo import completion_logprobs, grpo_loss
 
 MAX_COMPLETION = 6
 TEMPERATURE = 0.7
@@ -142,7 +143,7 @@ def test_advantages_match_trl(tiny_model_path, tmp_path, scale_rewards):
     trainer.model.train()
     trl_advantages = trainer._generate_and_score_completions([{"prompt": "What is 2 + 3?"}] * 8)["advantages"]
 
-    ours = group_advantages(torch.tensor(rewards), num_generations=4, scale_rewards=scale_rewards)
+    ours = torch.tensor(group_advantages(rewards, group_size=4, scale_rewards=scale_rewards))
     torch.testing.assert_close(ours, trl_advantages, rtol=1e-6, atol=1e-6)
     assert ours[4:].abs().max() == 0  # identical rewards: no push either way
     assert ours[:4].sum().abs() < 1e-6 and ours[0] > 0 > ours[1]
