@@ -25,9 +25,9 @@ from __future__ import annotations
 
 import random
 
-from session_loops import common
+from common.advantages import group_advantages, is_flat  # scripts/common: session_loops puts scripts/ on the path
 
-from common.advantages import group_advantages, is_flat  # noqa: E402  (scripts/ is on the path: session_loops.common)
+from session_loops import common
 
 PPO_CLIP = {"clip_low_threshold": 0.8, "clip_high_threshold": 1.2}
 
