@@ -9,7 +9,7 @@ Data: channel ``train`` (``SM_CHANNEL_TRAIN``) holding ``train.jsonl``, one pref
 The prompt becomes a user turn of the tokenizer's chat template (with the generation prompt),
 each answer an assistant turn (with its end-of-turn token); as in TRL, the completion starts
 where the tokens of prompt and prompt + answer part (``common/preferences.py``: the tokenisation
-and the loss, which notebook 12 also trains with on a training session).
+and the loss, which the training-session loops use too).
 
 The loss is DPO's sigmoid loss (Rafailov et al., 2023): with log-probabilities summed over the
 completion tokens, for the policy being trained and a frozen reference model (the starting

@@ -1,5 +1,6 @@
-"""Preference pairs and DPO's loss: torch alone, no transformers, so that the training-session side (the SDK
-v3 environment, notebook 12) imports the very loss ``dpo.py`` trains with.
+"""Preference pairs and DPO's loss, the one definition both halves use: ``dpo.py`` trains with them, and the
+training-session loops import them in the SDK v3 environment, so this module needs torch alone (no
+transformers, no model).
 
 A pair is ``{"prompt", "chosen", "rejected"}``; the prompt becomes a user turn of the tokenizer's chat
 template (with the generation prompt), each answer an assistant turn (with its end-of-turn token); as in
