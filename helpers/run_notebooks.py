@@ -130,6 +130,19 @@ SMOLLM2_PARAMETERS = {
     },
     "05": {**SMOLLM2_GRPO, "checkpoint_every": 4, "interrupt_after_step": 8},
     "06": {"max_eval_examples": 32, "max_new_tokens": 20},
+    # DPO on a training session (LoRA; the session trains on one core): few pairs a step, since every
+    # step passes them through the model twice.
+    "12": {
+        "base_model": "local/smollm2-135m-instruct",
+        "lora_rank": 16,
+        "lora_alpha": 32,
+        "steps": 8,
+        "batch_size": 4,
+        "learning_rate": 3e-4,
+        "max_prompt_length": 128,
+        "max_length": 192,
+        "held_out_pairs": 32,
+    },
 }
 PROFILES = {"tiny": CI_PARAMETERS, "smollm2": SMOLLM2_PARAMETERS}
 

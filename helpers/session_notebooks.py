@@ -13,7 +13,7 @@ from pathlib import Path
 
 RECORDS_FILE = "training_sessions.json"
 # The training-session notebooks: each trains through a session and launches no training job.
-NOTEBOOKS = ("07", "08", "09", "10")
+NOTEBOOKS = ("07", "08", "09", "10", "12")
 
 # Local mode, the tiny model, a few steps (the notebooks default to the cloud).
 CI_PARAMETERS = {
@@ -52,6 +52,17 @@ CI_PARAMETERS = {
         "judge_workers": 2,
     },
     "10": {"base_model": "local/tiny-qwen2", "lora_rank": 8, "lora_alpha": 16, "steps": 2, "learning_rate": 3e-3},
+    "12": {
+        "base_model": "local/tiny-qwen2",
+        "lora_rank": 16,
+        "lora_alpha": 32,
+        "steps": 16,
+        "batch_size": 16,
+        "learning_rate": 3e-3,
+        "max_prompt_length": 64,
+        "max_length": 128,
+        "held_out_pairs": 32,
+    },
 }
 
 
@@ -89,6 +100,19 @@ def render(sessions: list[dict]) -> list[str]:
             lines.append(
                 f"  - completions without a program, first quarter {s['no_code_rate']['first_quarter']:.3f}, "
                 f"last quarter {s['no_code_rate']['last_quarter']:.3f}"
+            )
+        if s.get("preference"):
+            p, before, after = s["preference"], s["preference"]["held_out_before"], s["preference"]["held_out_after"]
+            lines.append(
+                f"  - preference accuracy, first quarter {p['accuracy']['first_quarter']:.3f} -> last quarter "
+                f"{p['accuracy']['last_quarter']:.3f}; reward margin {p['margin']['first_quarter']:.4f} -> "
+                f"{p['margin']['last_quarter']:.4f}"
+            )
+            lines.append(
+                f"  - held out ({after['pairs']} pairs): likelihood accuracy {before['likelihood_accuracy']:.3f} "
+                f"± {before['likelihood_accuracy_se']:.3f} -> {after['likelihood_accuracy']:.3f} "
+                f"± {after['likelihood_accuracy_se']:.3f}; reward accuracy after {after['reward_accuracy']:.3f} "
+                f"± {after['reward_accuracy_se']:.3f}, margin {after['margin']:.4f} ± {after['margin_se']:.4f}"
             )
         if s.get("held_out"):
             lines.append(

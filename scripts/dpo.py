@@ -8,7 +8,8 @@ Data: channel ``train`` (``SM_CHANNEL_TRAIN``) holding ``train.jsonl``, one pref
 
 The prompt becomes a user turn of the tokenizer's chat template (with the generation prompt),
 each answer an assistant turn (with its end-of-turn token); as in TRL, the completion starts
-where the tokens of prompt and prompt + answer part.
+where the tokens of prompt and prompt + answer part (``common/preferences.py``: the tokenisation
+and the loss, which the training-session loops use too).
 
 The loss is DPO's sigmoid loss (Rafailov et al., 2023): with log-probabilities summed over the
 completion tokens, for the policy being trained and a frozen reference model (the starting
@@ -43,9 +44,9 @@ import sys
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 from common import checkpoints, contract, data, distributed, metrics, models
 from common.contract import UserError, option
+from common.preferences import dpo_loss, tokenize_pair  # torch alone: the training sessions import them too
 from transformers import get_cosine_schedule_with_warmup
 
 log = logging.getLogger("dpo")
@@ -97,36 +98,6 @@ def parse_args(argv: list[str] | None = None) -> DPOArgs:
 # --------------------------------------------------------------------------- data
 
 
-def common_prefix_length(a: list[int], b: list[int]) -> int:
-    length = 0
-    for x, y in zip(a, b, strict=False):
-        if x != y:
-            break
-        length += 1
-    return length
-
-
-def tokenize_pair(tokenizer, row: dict, max_prompt_length: int, max_length: int) -> dict:
-    """Token ids of the prompt and of both completions (as TRL's conversational format does)."""
-    prompt = [{"role": "user", "content": row["prompt"]}]
-
-    def ids(messages, add_generation_prompt=False):
-        text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt)
-        return tokenizer(text, add_special_tokens=False)["input_ids"]
-
-    prompt_ids = ids(prompt, add_generation_prompt=True)
-    with_chosen = ids(prompt + [{"role": "assistant", "content": row["chosen"]}])
-    with_rejected = ids(prompt + [{"role": "assistant", "content": row["rejected"]}])
-    prompt_length = min(common_prefix_length(prompt_ids, with_chosen), common_prefix_length(prompt_ids, with_rejected))
-    prompt_ids = prompt_ids[:prompt_length][-max_prompt_length:]  # keep the end: the question is at the end
-    room = max_length - len(prompt_ids)
-    return {
-        "prompt_ids": prompt_ids,
-        "chosen_ids": with_chosen[prompt_length:][:room],
-        "rejected_ids": with_rejected[prompt_length:][:room],
-    }
-
-
 def collate_pairs(examples: list[dict], pad_token_id: int, device: torch.device) -> dict[str, torch.Tensor]:
     """Rows 0..B-1 are prompt + chosen, rows B..2B-1 prompt + rejected, right-padded; the
     completion mask marks the answer tokens."""
@@ -148,14 +119,6 @@ def completion_logps(logits: torch.Tensor, input_ids: torch.Tensor, completion_m
     token_logps = torch.log_softmax(logits[:, :-1, :].float(), dim=-1)
     token_logps = token_logps.gather(-1, input_ids[:, 1:].unsqueeze(-1)).squeeze(-1)
     return (token_logps * completion_mask[:, 1:]).sum(dim=-1)
-
-
-def dpo_loss(chosen_logps, rejected_logps, ref_chosen_logps, ref_rejected_logps, beta: float):
-    """DPO's sigmoid loss per pair, and the implicit rewards beta * (logp - ref_logp)."""
-    chosen_rewards = beta * (chosen_logps - ref_chosen_logps)
-    rejected_rewards = beta * (rejected_logps - ref_rejected_logps)
-    losses = -F.logsigmoid(chosen_rewards - rejected_rewards)
-    return losses, chosen_rewards.detach(), rejected_rewards.detach()
 
 
 def reference_logps_of(reference, batch: dict, learners) -> tuple[torch.Tensor, torch.Tensor]:

@@ -13,6 +13,8 @@ Modules (import them by name: ``from common import contract, distributed, ...``)
 - ``metrics``      ``step=12 loss=0.4312 lr=1.2e-05`` lines, ``metrics.jsonl`` and a progress line.
 - ``data``         JSONL reading with file/line/field errors, reproducible batch order.
 - ``models``       model/tokenizer loading (``SM_CHANNEL_MODEL`` wins), dtypes, final save.
+- ``preferences``  preference pairs' tokenisation and DPO's loss (torch alone: the training-session
+                   side imports them as well).
 
 The scripts run with their own folder as the working directory (``python sft.py``), so this
 package is imported as the top-level ``common``.

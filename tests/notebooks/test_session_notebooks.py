@@ -20,7 +20,11 @@ from helpers import run_notebooks, session_notebooks
 from helpers.notebook_hygiene import cut_notebooks, kernel_environment, problems
 
 REPO = Path(__file__).resolve().parents[2]
-SESSION_NOTEBOOKS = sorted(p for p in (REPO / "notebooks").glob("[0-9][0-9]_session_*.ipynb") if p.name >= "07")
+SESSION_NOTEBOOKS = sorted(
+    p
+    for p in (REPO / "notebooks").glob("[0-9][0-9]_*session_*.ipynb")
+    if p.name >= "07" and p.name[:2] in session_notebooks.NOTEBOOKS
+)
 
 
 def test_the_session_notebooks_are_there():
@@ -29,6 +33,7 @@ def test_the_session_notebooks_are_there():
         "08_session_grpo.ipynb",
         "09_session_code_rl.ipynb",
         "10_session_raw_api.ipynb",
+        "12_training_session_dpo.ipynb",
     ]
 
 
@@ -63,6 +68,7 @@ CLOUD = {
     "08": {"rank": 32, "alpha": 64, "learning_rate": 4e-5, "loss_fn": "importance_sampling"},
     "09": {"rank": 32, "alpha": 64, "learning_rate": 4e-5, "loss_fn": "importance_sampling"},
     "10": {"rank": 32, "alpha": 64, "learning_rate": 1e-4, "loss_fn": None},
+    "12": {"rank": 32, "alpha": 64, "learning_rate": 1e-5, "loss_fn": "cross_entropy"},  # DPO lives in the weights
 }
 
 
@@ -225,3 +231,31 @@ def test_raw_api_notebook_steps_with_sequence_numbers_and_deletes_its_session(no
     assert len(losses) == steps and losses[-1] < losses[0], losses
     assert f"LastReceivedSequenceNumber {2 * steps}" in text  # the retried client token ran nothing new
     assert "\nTrue\n" in text and "deleted raw-api-sft-" in text
+
+
+def test_session_dpo_raises_preference_accuracy_and_margin(notebook_run):
+    record = _record(notebook_run, "12")
+    assert record["status"] == "Stopped"  # stopped in the loop cell's finally
+    assert record["steps"] == session_notebooks.CI_PARAMETERS["12"]["steps"]
+    preference = record["preference"]
+    accuracy, margin = preference["accuracy"], preference["margin"]
+    # Measured with the CI parameters (16 steps of 16 pairs, lr 3e-3), first quarter -> last quarter of the steps:
+    # accuracy 0.422 -> 0.922, margin 0.020 -> 0.309 (and 0.562 -> 0.958, 0.042 -> 0.373 over 24 steps). The
+    # session is deterministic (fp32, one thread, seeded LoRA and batch order); the margins below leave room
+    # for another CPU's rounding.
+    assert accuracy["last_quarter"] > accuracy["first_quarter"] + 0.2, accuracy
+    assert margin["last_quarter"] > margin["first_quarter"] + 0.1, margin
+    # The first step's rewards are exactly 0: the reference is the session's own forward before any update.
+    assert preference["held_out_before"]["reward_accuracy"] == 0 and preference["held_out_before"]["margin"] == 0
+    assert record["first_step"]["rewards_margins"] == 0 and record["first_step"]["loss"] == pytest.approx(
+        0.693147, abs=1e-6
+    )
+    after = preference["held_out_after"]
+    assert after["pairs"] == session_notebooks.CI_PARAMETERS["12"]["held_out_pairs"]
+    assert 0 < after["likelihood_accuracy_se"] < 0.2 and after["margin_se"] > 0
+    # The technique's second pass: the loop's forward passes read every training token once more (prefill).
+    billed = record["billable_tokens"]
+    assert preference["second_pass_prefill_tokens"] == billed["training"] > 0
+    assert billed["prefill"] > billed["training"]  # plus the reference and the held-out scoring
+    summary = (notebook_run.out / "summary.md").read_text()
+    assert "12_training_session_dpo" in summary and "preference accuracy, first quarter" in summary

@@ -51,8 +51,8 @@ def clients(endpoint):
     )
 
 
-def run_sdk(endpoint, scenario: str, timeout: float = 240, **arguments) -> dict:
-    """Run one scenario of sdk_scenarios.py in the SDK v3 environment; its last stdout line is JSON."""
+def run_sdk(endpoint, scenario: str, timeout: float = 240, script: Path = SCENARIOS, **arguments) -> dict:
+    """Run one scenario of ``script`` (sdk_scenarios.py) in the SDK v3 environment; its last stdout line is JSON."""
     if not SESSIONS_PYTHON.exists():
         pytest.fail(
             "The SDK v3 environment is missing: build it with `make .venv-sessions/.stamp` (requirements-sessions.txt)."
@@ -60,7 +60,7 @@ def run_sdk(endpoint, scenario: str, timeout: float = 240, **arguments) -> dict:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "PYTHON"))}
     env.update(endpoint.client_environment())
     done = subprocess.run(
-        [str(SESSIONS_PYTHON), str(SCENARIOS), scenario, json.dumps(arguments)],
+        [str(SESSIONS_PYTHON), str(script), scenario, json.dumps(arguments)],
         env=env,
         capture_output=True,
         text=True,
@@ -81,5 +81,5 @@ def one_thread():
 
 @pytest.fixture(scope="session")
 def sdk(endpoint):
-    """sdk(scenario, **arguments) -> the scenario's JSON result (see sdk_scenarios.py)."""
-    return lambda scenario, **arguments: run_sdk(endpoint, scenario, **arguments)
+    """sdk(scenario, **arguments) -> the scenario's JSON result (see sdk_scenarios.py; ``script=`` another file)."""
+    return lambda scenario, script=SCENARIOS, **arguments: run_sdk(endpoint, scenario, script=script, **arguments)
