@@ -9,8 +9,8 @@ For every request to the control plane, the runtime and the training-job API:
   * a refused request leaves the state as it was (sessions, packages and jobs on disk);
   * the endpoint is still alive and answering afterwards.
 
-A few dozen examples per target run with the suite (derandomized, so every machine runs the same
-ones); ``-m slow`` runs thousands, freshly drawn.
+A few examples per operation (120 in all) run with the suite, derandomized so that every machine runs
+the same ones; ``-m slow`` runs 300 per operation, freshly drawn.
 """
 
 from __future__ import annotations
@@ -26,15 +26,16 @@ from urllib.parse import quote
 import botocore.session
 import psutil
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from helpers.tiny_model import tiny_model_dir
 
 from .conftest import ROLE, TINY_ARN, control_plane_request, send
 
-CI_EXAMPLES = 40
-SLOW_EXAMPLES = 1500
+# Examples per operation: with the suite (the same ones on every machine), and under -m slow (fresh ones).
+CI_EXAMPLES = {"control plane": 5, "job API": 5, "runtime": 10}
+SLOW_EXAMPLES = 300
 VOLATILE = ("LastModifiedTime", "BillableTokenUsage")  # moved by operations accepted earlier, still running
 
 
@@ -176,8 +177,8 @@ def requests(draw, service: str, operations: tuple[str, ...], fixed: dict | None
             node = request
             for key in parent:
                 node = node[key]
-            if isinstance(node, dict):
-                request = replaced(request, (*parent, draw(st.text(min_size=1, max_size=8))), draw(WILD))
+            if isinstance(node, dict):  # an unknown member
+                request = replaced(request, parent, {**node, draw(st.text(min_size=1, max_size=8)): draw(WILD)})
     return operation, request
 
 
@@ -212,8 +213,9 @@ def state(endpoint) -> dict:
     return seen
 
 
-def check(endpoint, answer, runtime: bool) -> None:
+def check(endpoint, operation: str, answer, runtime: bool) -> None:
     status, headers, body = answer
+    event(f"{operation}: {status}")  # pytest --hypothesis-show-statistics shows what was reached
     assert status < 500, (status, body[:2000])
     if status >= 400:
         error = json.loads(body)
@@ -233,7 +235,7 @@ def alive(endpoint) -> None:
 
 def fuzz(examples: int, strategy, case) -> None:
     """Run ``case(operation, request)`` on ``examples`` generated requests."""
-    ci = examples <= CI_EXAMPLES
+    ci = examples < SLOW_EXAMPLES
     configured = settings(
         max_examples=examples,
         deadline=None,
@@ -290,7 +292,7 @@ def control_plane_case(endpoint):
     def case(operation, request):
         before = state(endpoint)
         answer = control_plane_request(endpoint, operation, json.dumps(request).encode())
-        check(endpoint, answer, runtime=False)
+        check(endpoint, operation, answer, runtime=False)
         if answer[0] >= 400:
             assert state(endpoint) == before, (operation, request, answer[2][:500])
         alive(endpoint)
@@ -305,7 +307,7 @@ def job_api_case(endpoint):
             request = {**request, "CheckpointConfig": {"LocalPath": "/not-under-opt-ml"}}
         before = state(endpoint)
         answer = control_plane_request(endpoint, operation, json.dumps(request).encode())
-        check(endpoint, answer, runtime=False)
+        check(endpoint, operation, answer, runtime=False)
         if operation == "CreateTrainingJob":
             assert answer[0] >= 400, "a generated training job was accepted"
         if answer[0] >= 400:
@@ -319,7 +321,7 @@ def runtime_case(endpoint):
     def case(operation, request):
         before = state(endpoint)
         answer = runtime_request(endpoint, operation, request)
-        check(endpoint, answer, runtime=True)
+        check(endpoint, operation, answer, runtime=True)
         if answer[0] >= 400:
             assert state(endpoint) == before, (operation, request, answer[2][:500])
         alive(endpoint)
@@ -327,41 +329,29 @@ def runtime_case(endpoint):
     return case
 
 
-def control_plane_fuzz(endpoint, examples):
-    fuzz(examples, requests("sagemaker", SESSION_OPERATIONS), control_plane_case(endpoint))
+@pytest.mark.parametrize("operation", SESSION_OPERATIONS)
+def test_control_plane_fuzz(endpoint, operation):
+    fuzz(CI_EXAMPLES["control plane"], requests("sagemaker", (operation,)), control_plane_case(endpoint))
 
 
-def job_api_fuzz(endpoint, examples):
-    fuzz(examples, requests("sagemaker", JOB_OPERATIONS), job_api_case(endpoint))
+@pytest.mark.parametrize("operation", JOB_OPERATIONS)
+def test_job_api_fuzz(endpoint, operation):
+    fuzz(CI_EXAMPLES["job API"], requests("sagemaker", (operation,)), job_api_case(endpoint))
 
 
-def runtime_fuzz(endpoint, running, examples):
-    target = {"trainingSessionName": running}
-    fuzz(examples, requests("sagemakertrainingsessionruntime", RUNTIME_OPERATIONS, target), runtime_case(endpoint))
-
-
-def test_control_plane_fuzz(endpoint):
-    control_plane_fuzz(endpoint, CI_EXAMPLES)
-
-
-def test_job_api_fuzz(endpoint):
-    job_api_fuzz(endpoint, CI_EXAMPLES)
-
-
-def test_runtime_fuzz(endpoint, running):
-    runtime_fuzz(endpoint, running, CI_EXAMPLES)
+@pytest.mark.parametrize("operation", RUNTIME_OPERATIONS)
+def test_runtime_fuzz(endpoint, running, operation):
+    strategy = requests("sagemakertrainingsessionruntime", (operation,), {"trainingSessionName": running})
+    fuzz(CI_EXAMPLES["runtime"], strategy, runtime_case(endpoint))
 
 
 @pytest.mark.slow
-def test_control_plane_fuzz_long(endpoint):
-    control_plane_fuzz(endpoint, SLOW_EXAMPLES)
-
-
-@pytest.mark.slow
-def test_job_api_fuzz_long(endpoint):
-    job_api_fuzz(endpoint, SLOW_EXAMPLES)
-
-
-@pytest.mark.slow
-def test_runtime_fuzz_long(endpoint, running):
-    runtime_fuzz(endpoint, running, SLOW_EXAMPLES)
+@pytest.mark.parametrize("operation", SESSION_OPERATIONS + JOB_OPERATIONS + RUNTIME_OPERATIONS)
+def test_fuzz_long(endpoint, running, operation):
+    if operation in RUNTIME_OPERATIONS:
+        strategy = requests("sagemakertrainingsessionruntime", (operation,), {"trainingSessionName": running})
+        case = runtime_case(endpoint)
+    else:
+        strategy = requests("sagemaker", (operation,))
+        case = (job_api_case if operation in JOB_OPERATIONS else control_plane_case)(endpoint)
+    fuzz(SLOW_EXAMPLES, strategy, case)

@@ -104,17 +104,21 @@ def read_request(body: bytes) -> dict:
     if not isinstance(request, dict):
         kind = {list: "an array", str: "a string", bool: "a boolean", type(None): "null"}.get(type(request), "a number")
         raise ServiceError("SerializationException", f"The request body is JSON {kind}, not a JSON object: {fix}")
-    non_finite = list(_non_finite(request, ""))
-    if non_finite:
-        where, value = non_finite[0]
+    _refuse_non_finite(_non_finite(request, ""))
+    return request
+
+
+def _refuse_non_finite(found) -> None:
+    found = list(found)
+    if found:
+        where, value = found[0]
         raise ServiceError(
             "ValidationException",
-            f"Value {_json_number(value)} at '{where}' is not a finite number ({len(non_finite)} such value"
-            f"{'s' if len(non_finite) > 1 else ''} in the request): every number must be finite, and NaN and "
+            f"Value {_json_number(value)} at '{where}' is not a finite number ({len(found)} such value"
+            f"{'s' if len(found) > 1 else ''} in the request): every number must be finite, and NaN and "
             "Infinity are refused. Fix what produced it (a loss or advantage divided by zero, an overflow) and "
             "send the request again.",
         )
-    return request
 
 
 def _non_finite(value, where: str):
@@ -128,16 +132,37 @@ def _non_finite(value, where: str):
             yield from _non_finite(item, f"{where}[{index}]")
 
 
-def _json_number(value: float) -> str:
+def _json_number(value) -> str:
+    if isinstance(value, str):
+        return value
     return "NaN" if math.isnan(value) else ("Infinity" if value > 0 else "-Infinity")
+
+
+def _non_finite_members(value, shape, where: str):
+    """Number members sent as the strings "NaN", "Infinity", "-Infinity": how botocore serializes a
+    non-finite float or double (Smithy's JSON protocols), which its validator then calls a wrong type."""
+    kind = shape.type_name
+    if kind in ("double", "float") and value in ("NaN", "Infinity", "-Infinity"):
+        yield where, value
+    elif kind == "structure" and isinstance(value, dict) and not getattr(shape, "is_document_type", False):
+        for name, member in shape.members.items():
+            if name in value:
+                yield from _non_finite_members(value[name], member, f"{where}.{name}" if where else name)
+    elif kind == "list" and isinstance(value, list):
+        for index, item in enumerate(value):
+            yield from _non_finite_members(item, shape.member, f"{where}[{index}]")
+    elif kind == "map" and isinstance(value, dict):
+        for key, item in value.items():
+            yield from _non_finite_members(item, shape.value, f"{where}.{key}")
 
 
 def check_shape(params: dict, shape) -> None:
     """botocore's own validator (types, required, min), then what it leaves to the service:
     maxima, integer ranges, enums and patterns. Raises ValidationException in SageMaker's wording."""
+    _refuse_non_finite(_non_finite_members(params, shape, ""))
     try:
         report = ParamValidator().validate(params, shape)
-    except (OverflowError, OSError) as error:  # a timestamp past what a date can hold
+    except (OverflowError, OSError, RuntimeError) as error:  # a timestamp past what a date can hold
         raise ServiceError(
             "ValidationException", f"A timestamp in the request is out of range ({error}): give epoch seconds."
         ) from None

@@ -1,7 +1,7 @@
 """The training-session API: control plane, runtime, hub look-ups and model packages, over state on disk.
 
 One ``SessionService`` lives in the local endpoint process (server.py). Requests reach it already
-parsed and checked against botocore's shapes (protocol.py); it answers dicts or raises
+parsed and checked against botocore's shapes (server.py); it answers dicts or raises
 ``ServiceError`` with SageMaker's codes. Layout under ``$SAGEMAKER_LOCAL_ROOT/training-sessions``::
 
     sessions/<name>.json                 DescribeTrainingSession's detail (times as epoch seconds)
@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import tempfile
 import threading
 import time
@@ -25,7 +26,7 @@ import uuid
 from pathlib import Path
 
 from ...artifacts import split_s3
-from ..api import ACCOUNT_ID
+from ..api import ACCOUNT_ID, epoch, page_start
 from ..os_utils import process_identity
 from ..storage import _atomic_write
 from ..validation import ServiceError
@@ -46,6 +47,8 @@ class Operation:
     def __init__(self, kind: str, config: dict, sequence: int | None = None, token: str | None = None):
         self.id = uuid.uuid4().hex
         self.kind, self.config, self.sequence, self.token = kind, config, sequence, token
+        # What a retry under the same clientToken must repeat exactly.
+        self.parameters = json.dumps([sequence, kind, config], sort_keys=True)
         self.status = "Pending"
         self.result: dict | None = None
         self.error: str | None = None
@@ -70,6 +73,9 @@ class LiveSession:
     def __init__(self, service: SessionService, detail: dict, engine: engine_module.Engine):
         self.service, self.detail, self.engine = service, detail, engine
         self.name = detail["TrainingSessionName"]
+        # Read from the loaded model's configuration: what requests are checked against at submit.
+        self.vocabulary = engine.model.get_input_embeddings().num_embeddings
+        self.context = engine.model.config.max_position_embeddings
         self.operations: dict[str, Operation] = {}
         self.by_sequence: dict[int, Operation] = {}
         self.by_token: dict[str, Operation] = {}
@@ -85,7 +91,16 @@ class LiveSession:
     def submit_training(self, sequence: int, token: str | None, kind: str, config: dict) -> Operation:
         with self.cond:
             if token is not None and token in self.by_token:
-                return self.by_token[token]  # a retried submit: the first operation answers
+                first = self.by_token[token]
+                if first.parameters != Operation(kind, config, sequence).parameters:
+                    raise ServiceError(
+                        "ConflictException",
+                        f"clientToken {token} was used by operation {first.id} (sequence number {first.sequence}) "
+                        "with other parameters: a retry resends the same request under its token; give a new "
+                        "operation a new clientToken.",
+                        status=409,
+                    )
+                return first  # a retried submit: the first operation answers
             if sequence in self.by_sequence:
                 first = self.by_sequence[sequence]
                 raise ServiceError(
@@ -362,11 +377,15 @@ class SessionService:
         )
 
     def _package(self, arn: str) -> dict:
-        try:
-            group, version = arn.rsplit("model-package/", 1)[1].rsplit("/", 1)
-            return json.loads((self.root / "model-packages" / group / f"{int(version)}.json").read_text())
-        except (IndexError, ValueError, FileNotFoundError):
-            raise ServiceError("ValidationException", f"Model package {arn} does not exist.") from None
+        found = PACKAGE_ARN.search(arn)
+        path = self.root / "model-packages" / found["group"] / f"{int(found['version'])}.json" if found else None
+        if path is None or not path.is_file():
+            raise ServiceError(
+                "ValidationException",
+                f"Model package {arn} does not exist (a package is named arn:aws:sagemaker:<region>:<account>:"
+                "model-package/<group>/<version>, as save_state and save_weights return it).",
+            )
+        return json.loads(path.read_text())
 
     def register_package(self, live: LiveSession, s3_uri: str, checkpoint: bool, description: str) -> dict:
         group = self._group_name(live.detail["ModelPackageGroupArn"])
@@ -498,9 +517,9 @@ class SessionService:
         if "StatusEquals" in request:
             details = [d for d in details if d["TrainingSessionStatus"] == request["StatusEquals"]]
         if "CreationTimeAfter" in request:
-            details = [d for d in details if d["CreationTime"] > float(request["CreationTimeAfter"])]
+            details = [d for d in details if d["CreationTime"] > epoch(request["CreationTimeAfter"])]
         if "CreationTimeBefore" in request:
-            details = [d for d in details if d["CreationTime"] < float(request["CreationTimeBefore"])]
+            details = [d for d in details if d["CreationTime"] < epoch(request["CreationTimeBefore"])]
         details.sort(key=lambda d: d["CreationTime"], reverse=True)
         keys = ("TrainingSessionArn", "TrainingSessionStatus", "CreationTime", "LastModifiedTime")
         return _page(details, request, "TrainingSessionSummaries", keys)
@@ -547,13 +566,10 @@ class SessionService:
     def execute_training_operation(self, request: dict) -> dict:
         live = self._live(request["trainingSessionName"])
         kind, config = _union(request["operationConfig"], "operationConfig")
-        if kind in (
-            "forward",
-            "forwardBackward",
-        ):  # refused now, not when it runs: the session stays as it was
+        if kind in ("forward", "forwardBackward"):  # refused now, not when it runs: the session stays as it was
             try:
                 engine_module.check_loss_config(config["lossFnName"], config.get("lossFnConfig"))
-                engine_module.parse_datums(config["datumList"], config["lossFnName"])
+                check_datums(live, config["datumList"], config["lossFnName"])
             except engine_module.InputError as error:
                 raise ServiceError("ValidationException", str(error)) from None
         if kind == "loadState":
@@ -569,7 +585,15 @@ class SessionService:
         prompt = config.get("prompt")
         if prompt is not None:
             try:
-                engine_module.model_input_tokens(prompt, "prompt")
+                tokens = engine_module.model_input_tokens(prompt, "prompt")
+                check_token_ids(tokens, live.vocabulary, "prompt")
+                # A sample needs room for one new token; a prompt to score may fill the context.
+                room = live.context - (kind == "sample")
+                if len(tokens) > room:
+                    raise engine_module.InputError(
+                        f"prompt has {len(tokens)} tokens, more than the model's context of {live.context} "
+                        f"allows ({room} for {kind}): shorten the prompt."
+                    )
             except engine_module.InputError as error:
                 raise ServiceError("ValidationException", str(error)) from None
         return {"operationId": live.submit_sampling(kind, config).id}
@@ -738,9 +762,58 @@ class SessionService:
             self.save(live.detail)
 
 
+PACKAGE_ARN = re.compile(r"model-package/(?P<group>[a-zA-Z0-9](-*[a-zA-Z0-9]){0,62})/(?P<version>[0-9]{1,9})$")
+
+
+def check_token_ids(tokens, vocabulary: int, where: str) -> None:
+    for position, token in enumerate(tokens):
+        if not 0 <= token < vocabulary:
+            raise engine_module.InputError(
+                f"{where} has token id {token} at position {position}, outside the model's vocabulary "
+                f"[0, {vocabulary}): give ids the session's tokenizer produced (get_tokenizer())."
+            )
+
+
+def check_datums(live: LiveSession, datums: list, loss_fn: str) -> None:
+    """What the engine would otherwise fail on mid-operation, refused at submit: token ids outside
+    the vocabulary, a datum longer than the context, inputs that are not finite in their dtype."""
+    try:
+        parsed = engine_module.parse_datums(datums, loss_fn)
+    except (RuntimeError, OverflowError, TypeError, ValueError) as error:
+        if isinstance(error, engine_module.InputError):
+            raise
+        reason = str(error).splitlines()[0] if str(error) else type(error).__name__
+        raise engine_module.InputError(
+            f"datumList holds data that cannot be read as tensors ({reason}): give lists of numbers that "
+            "fit their dtype, and shapes of non-negative sizes."
+        ) from None
+    for index, (tokens, inputs) in enumerate(parsed):
+        where = f"datumList[{index}]"
+        check_token_ids(tokens, live.vocabulary, f"{where}.modelInput")
+        if len(tokens) > live.context:
+            raise engine_module.InputError(
+                f"{where}.modelInput has {len(tokens)} tokens, more than the model's context of {live.context}: "
+                f"truncate or split the datum to at most {live.context} tokens."
+            )
+        for name, tensor in inputs.items():
+            dtype = datums[index]["lossFnInputs"][name]["dtype"]
+            if name == "target_tokens":
+                if tensor.is_floating_point() and not (tensor == tensor.round()).all():
+                    raise engine_module.InputError(
+                        f"{where}.lossFnInputs['target_tokens'] holds fractions: token ids are whole numbers "
+                        "(dtype int64)."
+                    )
+                check_token_ids(tensor.tolist(), live.vocabulary, f"{where}.lossFnInputs['target_tokens']")
+            elif not tensor.isfinite().all():
+                raise engine_module.InputError(
+                    f"{where}.lossFnInputs['{name}'] holds values that are not finite in {dtype} (too large "
+                    "for it, or NaN): send them as float32, or bring them into the dtype's range."
+                )
+
+
 def _page(items: list[dict], request: dict, list_key: str, keys: tuple[str, ...]) -> dict:
     """One page of a List* answer: MaxResults summaries from NextToken (an offset) on."""
-    start, size = int(request.get("NextToken", 0)), request.get("MaxResults", 10)
+    start, size = page_start(request), request.get("MaxResults", 10)
     response = {list_key: [{k: item[k] for k in keys if k in item} for item in items[start : start + size]]}
     if start + size < len(items):
         response["NextToken"] = str(start + size)
