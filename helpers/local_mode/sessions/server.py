@@ -4,9 +4,9 @@
 
 Which request is which, read from what botocore sends:
   * ``X-Amz-Target: SageMaker.<Operation>`` (JSON 1.1): the control plane, hub look-ups and model
-    packages (service.py), and the training-job operations SDK v3's ``ModelTrainer`` sends, answered
+    packages (control_plane.py), and the training-job operations SDK v3's ``ModelTrainer`` sends, answered
     by local mode's job engine (``helpers.local_mode.api``, as for SDK v2 in-process);
-  * a path of the ``sagemakertrainingsessionruntime`` model (REST-JSON): the runtime;
+  * a path of the ``sagemakertrainingsessionruntime`` model (REST-JSON): the runtime (runtime.py);
   * anything signed for ``s3``, ``sts`` or ``logs``: handed to moto in this process, whose S3 is the
     local store of local mode (mirrored to ``$SAGEMAKER_LOCAL_ROOT/s3``), so the SDK's default bucket
     and the sessions' artifacts are the same objects notebooks read; CloudWatch Logs holds the logs of
@@ -356,11 +356,13 @@ class Signatures:
 class Endpoint:
     def __init__(self, root: Path, region: str, secret_key: str):
         from ..aws import LocalAWS
-        from .service import SessionService
+        from .control_plane import ControlPlane
+        from .runtime import Runtime
 
         self.signatures = Signatures(FAKE_ACCESS_KEY, secret_key)
         self.aws = LocalAWS(root, region)
-        self.service = SessionService(self.aws, region)
+        self.control_plane_api = ControlPlane(self.aws, region)
+        self.runtime_api = Runtime(self.control_plane_api)
         self.jobs = SageMakerAPI(self.aws)
         from moto.core.models import botocore_stubber
 
@@ -378,7 +380,7 @@ class Endpoint:
                 )
             request = read_request(body)
             check_shape(request, service_model("sagemaker").operation_model(operation).input_shape)
-            handler = self.jobs if operation in TRAINING_JOB_OPERATIONS else self.service
+            handler = self.jobs if operation in TRAINING_JOB_OPERATIONS else self.control_plane_api
             response = getattr(handler, _snake(operation))(request)
             return 200, {"Content-Type": "application/x-amz-json-1.1"}, json.dumps(response).encode()
         except ServiceError as error:
@@ -410,7 +412,7 @@ class Endpoint:
             request = {k: v for k, v in read_request(body).items() if k not in in_uri}
             request.update({k: unquote(v) for k, v in match.groupdict().items()})
             check_shape(request, shape)
-            response = getattr(self.service, RUNTIME_OPERATIONS[operation])(request)
+            response = getattr(self.runtime_api, RUNTIME_OPERATIONS[operation])(request)
             return 200, {"Content-Type": "application/json"}, json.dumps(response).encode()
         except ServiceError as error:
             code = {"ResourceNotFound": "ResourceNotFoundException"}.get(error.code, error.code)
