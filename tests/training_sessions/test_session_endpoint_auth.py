@@ -33,6 +33,7 @@ def test_each_endpoint_has_its_own_secret_readable_by_its_owner_only(endpoint):
     assert len(env["AWS_SECRET_ACCESS_KEY"]) >= 32 and env["AWS_SECRET_ACCESS_KEY"] != "local-mode-secret-key"
     record = endpoint.root / "training-sessions" / "service.json"
     assert stat.S_IMODE(record.stat().st_mode) == 0o600
+    assert env["AWS_SECRET_ACCESS_KEY"] not in repr(endpoint)  # a notebook showing the endpoint does not print it
 
 
 def error_of(status, headers, body) -> tuple[int, str, str]:

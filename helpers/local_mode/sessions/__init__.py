@@ -24,7 +24,7 @@ import signal
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import psutil
@@ -45,7 +45,9 @@ class Endpoint:
     pid: int
     root: Path
     region: str
-    secret_key: str  # drawn for each endpoint: requests signed with anything else are refused
+    # Drawn for each endpoint: requests signed with anything else are refused. Not in repr: a notebook
+    # that shows the endpoint does not print it.
+    secret_key: str = field(repr=False)
 
     def client_environment(self) -> dict[str, str]:
         """The variables that send the SDK, boto3 or the AWS CLI of any process here."""
