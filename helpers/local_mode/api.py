@@ -12,11 +12,13 @@ from __future__ import annotations
 
 import copy
 import json
+import re
 import time
 import uuid
 
 import psutil
 from botocore.awsrequest import AWSResponse
+from botocore.utils import parse_to_aware_datetime
 
 from . import runner
 from .storage import to_wire
@@ -152,10 +154,10 @@ class SageMakerAPI:
             ("LastModifiedTimeBefore", lambda j, t: j["LastModifiedTime"] < t),
         ):
             if key in request:
-                jobs = [j for j in jobs if keep(j, float(request[key]))]
+                jobs = [j for j in jobs if keep(j, epoch(request[key]))]
         sort_key = {"Name": "TrainingJobName", "Status": "TrainingJobStatus"}.get(request.get("SortBy"), "CreationTime")
         jobs.sort(key=lambda j: j[sort_key], reverse=request.get("SortOrder", "Descending") == "Descending")
-        start = int(request.get("NextToken", 0))
+        start = page_start(request)
         size = request.get("MaxResults", 10)
         page = jobs[start : start + size]
         summaries = [
@@ -222,6 +224,26 @@ class SageMakerAPI:
         job["_tags"] = [t for t in job.get("_tags", []) if t["Key"] not in request["TagKeys"]]
         self._save_tags(job)
         return {}
+
+
+def epoch(value) -> float:
+    """A timestamp member as botocore accepts it (epoch seconds, or ISO 8601 text) in epoch seconds."""
+    try:
+        return parse_to_aware_datetime(value).timestamp()
+    except (TypeError, ValueError, OverflowError, OSError, RuntimeError):
+        raise ServiceError("ValidationException", f"Timestamp {value!r} is not a time: give epoch seconds.") from None
+
+
+def page_start(request: dict) -> int:
+    """Where a List* page starts: the NextToken the previous page gave (an offset), or 0."""
+    token = request.get("NextToken", "0")
+    if not re.fullmatch(r"[0-9]{1,12}", token):
+        raise ServiceError(
+            "ValidationException",
+            f"NextToken {token!r} is not a token this endpoint gave: pass the NextToken of the previous "
+            "page unchanged, or leave it out for the first page.",
+        )
+    return int(token)
 
 
 def _process_identity() -> dict:

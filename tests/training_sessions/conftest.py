@@ -7,11 +7,13 @@ endpoint by ``Endpoint.client_environment()`` alone, and read the JSON line it p
 
 from __future__ import annotations
 
+import http.client
 import json
 import os
 import subprocess
 import sys
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import boto3
 import pytest
@@ -22,8 +24,6 @@ from helpers.local_mode import sessions
 REPO = Path(__file__).resolve().parents[2]
 if str(REPO / "scripts") not in sys.path:
     sys.path.insert(0, str(REPO / "scripts"))  # grpo.py, the job-side loss the sessions must agree with
-if str(REPO / "scripts") not in sys.path:
-    sys.path.insert(0, str(REPO / "scripts"))  # grpo.py, whose loss the session's must equal
 SESSIONS_PYTHON = REPO / ".venv-sessions" / "bin" / "python"
 SCENARIOS = Path(__file__).with_name("sdk_scenarios.py")
 ROLE = "arn:aws:iam::123456789012:role/SageMakerRole"
@@ -41,14 +41,54 @@ def endpoint(tmp_path_factory):
     sessions.stop_service(root)
 
 
+def boto3_session(endpoint) -> boto3.Session:
+    """A boto3 session with the credentials the endpoint hands out (it checks every signature)."""
+    env = endpoint.client_environment()
+    return boto3.Session(
+        aws_access_key_id=env["AWS_ACCESS_KEY_ID"],
+        aws_secret_access_key=env["AWS_SECRET_ACCESS_KEY"],
+        region_name=endpoint.region,
+    )
+
+
 @pytest.fixture(scope="session")
 def clients(endpoint):
     """Raw boto3 clients of the main environment, pointed at the endpoint."""
-    session = boto3.Session(aws_access_key_id="local", aws_secret_access_key="local", region_name="us-east-1")
+    session = boto3_session(endpoint)
     return (
         session.client("sagemaker", endpoint_url=endpoint.url),
         session.client("sagemakertrainingsessionruntime", endpoint_url=endpoint.url),
     )
+
+
+def send(endpoint, method: str, path: str, body: bytes = b"", headers: dict | None = None, credentials=None):
+    """One HTTP request as a client would send it, signed with SigV4 by botocore's own signer (with the
+    endpoint's credentials unless others are given; ``credentials=False`` sends it unsigned), whatever
+    its body: what botocore would refuse to build still reaches the endpoint. Returns (status, headers,
+    body)."""
+    from botocore.auth import SigV4Auth
+    from botocore.awsrequest import AWSRequest
+    from botocore.credentials import Credentials
+
+    request = AWSRequest(method=method, url=endpoint.url + path, data=body, headers=dict(headers or {}))
+    if credentials is not False:
+        env = endpoint.client_environment()
+        credentials = credentials or Credentials(env["AWS_ACCESS_KEY_ID"], env["AWS_SECRET_ACCESS_KEY"])
+        SigV4Auth(credentials, "sagemaker", endpoint.region).add_auth(request)
+    prepared = request.prepare()
+    connection = http.client.HTTPConnection(urlsplit(endpoint.url).netloc, timeout=120)
+    try:
+        connection.request(method, path, body=prepared.body, headers=dict(prepared.headers))
+        response = connection.getresponse()
+        return response.status, dict(response.getheaders()), response.read()
+    finally:
+        connection.close()
+
+
+def control_plane_request(endpoint, operation: str, body: bytes, **kwargs):
+    """A JSON 1.1 request to SageMaker's control plane (X-Amz-Target: SageMaker.<operation>)."""
+    headers = {"X-Amz-Target": f"SageMaker.{operation}", "Content-Type": "application/x-amz-json-1.1"}
+    return send(endpoint, "POST", "/", body, headers, **kwargs)
 
 
 def run_sdk(endpoint, scenario: str, timeout: float = 240, script: Path = SCENARIOS, **arguments) -> dict:

@@ -10,11 +10,12 @@ import tarfile
 import time
 import uuid
 
-import boto3
 import pytest
 from botocore.exceptions import ClientError
 
 from helpers.local_mode import hosts
+
+from .conftest import boto3_session
 
 ROLE = "arn:aws:iam::123456789012:role/SageMakerRole"
 BUCKET = "endpoint-job-tests"
@@ -23,7 +24,7 @@ IMAGE = "123456789012.dkr.ecr.us-east-1.amazonaws.com/my-trainer:latest"  # scri
 
 @pytest.fixture(scope="module")
 def aws(endpoint):
-    session = boto3.Session(aws_access_key_id="local", aws_secret_access_key="local", region_name="us-east-1")
+    session = boto3_session(endpoint)
     s3 = session.client("s3", endpoint_url=endpoint.url)
     s3.create_bucket(Bucket=BUCKET)
     return {name: session.client(name, endpoint_url=endpoint.url) for name in ("sagemaker", "logs")} | {"s3": s3}

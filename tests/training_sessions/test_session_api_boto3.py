@@ -7,12 +7,13 @@ import time
 import uuid
 from pathlib import Path
 
-import boto3
 import psutil
 import pytest
 from botocore.exceptions import ClientError, ParamValidationError
 
 from helpers.local_mode import sessions
+
+from .conftest import boto3_session
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -242,17 +243,15 @@ def test_stopping_the_service_stops_a_stray_one_of_the_same_root(tmp_path):
 def test_a_killed_service_leaves_its_sessions_failed(tmp_path):
     root = tmp_path / "root"
     first = sessions.start_service(root)
-    client = boto3.Session(aws_access_key_id="local", aws_secret_access_key="local", region_name="us-east-1").client
-    name = create(client("sagemaker", endpoint_url=first.url))
+    name = create(boto3_session(first).client("sagemaker", endpoint_url=first.url))
     psutil.Process(first.pid).kill()
     psutil.Process(first.pid).wait(10)
     assert sessions.running_endpoint(root) is None
     second = sessions.start_service(root)
     try:
         assert second.pid != first.pid
-        detail = client("sagemaker", endpoint_url=second.url).describe_training_session(TrainingSessionName=name)[
-            "TrainingSessionDetail"
-        ]
+        client = boto3_session(second).client("sagemaker", endpoint_url=second.url)
+        detail = client.describe_training_session(TrainingSessionName=name)["TrainingSessionDetail"]
         assert detail["TrainingSessionStatus"] == "Failed"
         assert f"ended (pid {first.pid})" in detail["ErrorDetails"]
         assert not [

@@ -19,11 +19,12 @@ import fcntl
 import json
 import os
 import re
+import secrets
 import signal
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import psutil
@@ -34,6 +35,7 @@ from ..storage import _atomic_write, local_root
 TINY_MODEL_ID = "local/tiny-qwen2"
 SMOLLM2_MODEL_ID = "local/smollm2-135m-instruct"  # served when its wheel is installed (helpers.models_offline)
 FAKE_ACCESS_KEY = "LOCALMODEACCESSKEY"
+SECRET_VARIABLE = "SAGEMAKER_LOCAL_SESSION_SECRET_KEY"  # how the starting process gives the endpoint its secret
 REPO = Path(__file__).resolve().parents[3]
 
 
@@ -43,6 +45,9 @@ class Endpoint:
     pid: int
     root: Path
     region: str
+    # Drawn for each endpoint: requests signed with anything else are refused. Not in repr: a notebook
+    # that shows the endpoint does not print it.
+    secret_key: str = field(repr=False)
 
     def client_environment(self) -> dict[str, str]:
         """The variables that send the SDK, boto3 or the AWS CLI of any process here."""
@@ -54,8 +59,10 @@ class Endpoint:
             "AWS_ENDPOINT_URL_CLOUDWATCH_LOGS": self.url,  # the logs of the training jobs it runs
             "SAGEMAKER_TRAINING_SESSION_ENDPOINT": self.url,
             "SAGEMAKER_TRAINING_SESSION_RUNTIME_ENDPOINT": self.url,
-            "AWS_ACCESS_KEY_ID": FAKE_ACCESS_KEY,  # signed but never checked; nothing leaves the machine
-            "AWS_SECRET_ACCESS_KEY": "local-mode-secret-key",
+            # The endpoint checks every request's signature against these: only the processes given them
+            # drive it (the record they are read from is readable by this user only).
+            "AWS_ACCESS_KEY_ID": FAKE_ACCESS_KEY,
+            "AWS_SECRET_ACCESS_KEY": self.secret_key,
             "AWS_DEFAULT_REGION": self.region,
             "AWS_REGION": self.region,
             "AWS_EC2_METADATA_DISABLED": "true",
@@ -136,9 +143,10 @@ def running_endpoint(root: str | os.PathLike | None = None) -> Endpoint | None:
         info = json.loads(_info_path(root).read_text())
         if not is_same_process(info):
             return None
+        secret_key = info["secret_key"]
     except (OSError, ValueError, KeyError):
         return None
-    return Endpoint(f"http://127.0.0.1:{info['port']}", info["pid"], root, info["region"])
+    return Endpoint(f"http://127.0.0.1:{info['port']}", info["pid"], root, info["region"], secret_key)
 
 
 def start_service(root: str | os.PathLike | None = None, region: str = "us-east-1", timeout: float = 120.0) -> Endpoint:
@@ -166,7 +174,12 @@ def _start_service(root: Path, region: str, timeout: float) -> Endpoint:
     ready = _sessions_root(root) / f"ready-{os.getpid()}.json"
     ready.unlink(missing_ok=True)
     log = open(_sessions_root(root) / "service.log", "ab")
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+    secret_key = secrets.token_urlsafe(32)
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
+        SECRET_VARIABLE: secret_key,
+    }
     process = subprocess.Popen(
         [
             sys.executable,
@@ -203,8 +216,18 @@ def _start_service(root: Path, region: str, timeout: float) -> Endpoint:
     info = json.loads(ready.read_text())
     ready.unlink()
     info["started"] = process_identity(process.pid)["started"]
-    _atomic_write(_info_path(root), json.dumps(info).encode())
-    return Endpoint(f"http://127.0.0.1:{info['port']}", process.pid, root, region)
+    info["secret_key"] = secret_key
+    _write_private(_info_path(root), json.dumps(info).encode())
+    return Endpoint(f"http://127.0.0.1:{info['port']}", process.pid, root, region, secret_key)
+
+
+def _write_private(path: Path, data: bytes) -> None:
+    """Written whole (atomically), readable and writable by this user only."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "wb") as file:
+        file.write(data)
+    os.chmod(tmp, 0o600)  # in case it existed with other permissions
+    os.replace(tmp, path)
 
 
 def stop_service(root: str | os.PathLike | None = None, timeout: float = 10.0) -> bool:
