@@ -26,7 +26,7 @@ try:
     result = {"rows": len(rows)}
 except UserError as error:
     result = {"error": str(error)}
-result["count_problems"] = len(data.count_problems(4)) + len(data.offline_code_problems(3))
+result["offline_problems"] = len(data.count_problems(4)) + len(data.offline_code_problems(3))
 result["torch"] = "torch" in sys.modules
 print(json.dumps(result))
 """
@@ -50,7 +50,7 @@ def read(tmp_path, environment: str, rows: list) -> dict:
 
 def test_gsm8k_rows_are_read_and_checked_without_torch(tmp_path):
     good = {"question": "Ann has 3 pens. How many pens?", "answer": "She has 3.\n#### 3"}
-    assert read(tmp_path, "gsm8k", [good, good]) == {"rows": 2, "count_problems": 7, "torch": False}
+    assert read(tmp_path, "gsm8k", [good, good]) == {"rows": 2, "offline_problems": 7, "torch": False}
     out = read(tmp_path, "gsm8k", [good, {"question": "Two?", "answer": "2"}])
     assert "line 2" in out["error"] and "####" in out["error"], out
     assert out["torch"] is False
