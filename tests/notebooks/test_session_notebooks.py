@@ -249,7 +249,7 @@ def test_session_grpo_resumed_with_its_optimizer_repeats_the_steps_and_without_i
     # A new session from save_state with the optimizer: the same samples, rewards, losses and ratios as the
     # run that never stopped. From the weights alone, AdamW restarts its moments and the second step parts.
     assert resume["largest_difference"]["with the optimizer"] <= 1e-6, resume
-    assert resume["largest_difference"]["weights only"] > 1e-4, resume
+    assert resume["largest_difference"]["weights only"] > 1e-5, resume
 
 
 def test_session_code_rl_judges_every_step_in_the_sandbox_while_sampling(notebook_run):
