@@ -35,6 +35,7 @@ CI_PARAMETERS = {
         "problems_per_step": 16,
         "group_size": 8,
         "learning_rate": 3e-3,
+        "format_reward_weight": 0.5,
         "stop": ["\n"],
         "held_out_problems": 64,
         "held_out_samples": 16,
