@@ -268,7 +268,8 @@ def test_session_code_rl_judges_every_step_in_the_sandbox_while_sampling(noteboo
 def test_session_code_rl_writes_programs_more_often(notebook_run):
     record = _record(notebook_run, "09")
     no_code = record["no_code_rate"]
-    assert no_code["last_quarter"] < no_code["first_quarter"] - 0.1, no_code
+    # Its steps draw their problems from (seed, step) (resumable); measured 0.708 -> 0.604 with the CI parameters.
+    assert no_code["last_quarter"] < no_code["first_quarter"] - 0.05, no_code
     # Each step trains on samples one update old, so the ratio stays near 1 (measured: sampler_kl at most 0.004);
     # samples that did not follow the updates drifted to 0.36 at learning rate 1e-3.
     assert abs(record["final_metrics"]["sampler_kl"]) < 0.05, record["final_metrics"]
