@@ -21,11 +21,11 @@ import botocore.exceptions
 import sagemaker
 
 from helpers import local_mode
+from helpers.local_account import LOCAL_ROLE  # the role local mode answers for, defined once
 
 RUN_MODES = ("auto", "sagemaker", "local")
 DEFAULT_REGION = "us-east-1"
 ROLE_ENV = "SAGEMAKER_EXECUTION_ROLE_ARN"  # an explicit role wins over discovery
-LOCAL_ROLE = f"arn:aws:iam::{local_mode.ACCOUNT_ID}:role/SageMakerLocalExecutionRole"
 
 
 class LocalModeSession(sagemaker.Session):

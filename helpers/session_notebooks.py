@@ -35,9 +35,12 @@ CI_PARAMETERS = {
         "problems_per_step": 16,
         "group_size": 8,
         "learning_rate": 3e-3,
+        "format_reward_weight": 0.5,
         "stop": ["\n"],
         "held_out_problems": 64,
         "held_out_samples": 16,
+        "resume_from_step": 8,
+        "resume_steps": 2,
     },
     "09": {
         "base_model": "local/tiny-qwen2-code-format",
@@ -50,6 +53,8 @@ CI_PARAMETERS = {
         "learning_rate": 1e-3,
         "format_reward_weight": 0.5,
         "judge_workers": 2,
+        "held_out_problems": 32,
+        "held_out_samples": 2,
     },
     "10": {"base_model": "local/tiny-qwen2", "lora_rank": 8, "lora_alpha": 16, "steps": 2, "learning_rate": 3e-3},
     "12": {
@@ -78,6 +83,22 @@ def records(work_dir: Path) -> list[dict]:
     return json.loads(path.read_text()) if path.exists() else []
 
 
+def _held_out_line(held_out: dict) -> str:
+    """'held-out accuracy 0.300 ± 0.040 -> 0.350 ± 0.041 (change ± 0.020; 64 problems x 16 answers)'."""
+    measure = held_out.get("measure", "accuracy")
+    line = f"  - held-out {measure} {held_out['before']:.3f}"
+    if "before_standard_error" in held_out:
+        line += (
+            f" ± {held_out['before_standard_error']:.3f} -> {held_out['after']:.3f} ± "
+            f"{held_out['after_standard_error']:.3f} (standard errors over problems; the change's, paired: "
+            f"± {held_out['change_standard_error']:.3f}; {held_out['problems']} problems x "
+            f"{held_out['samples_per_problem']} answers)"
+        )
+    else:
+        line += f" -> {held_out['after']:.3f}"
+    return line
+
+
 def render(sessions: list[dict]) -> list[str]:
     """The summary's markdown lines for the training sessions (none when no notebook ran one)."""
     if not sessions:
@@ -91,6 +112,12 @@ def render(sessions: list[dict]) -> list[str]:
             f"- {s['notebook']}: {s['session']} -- {s['status']}; {s['steps']} steps; {metrics or 'no metrics'}"
         )
         lines.append(f"  - billable tokens: {s.get('billable_tokens')}")
+        if s.get("held_out_loss"):
+            before, after = s["held_out_loss"]["before"], s["held_out_loss"]["after"]
+            lines.append(
+                f"  - held-out loss per answer token {before['loss']:.3f} ± {before['standard_error']:.3f} -> "
+                f"{after['loss']:.3f} ± {after['standard_error']:.3f} ({after['conversations']} conversations)"
+            )
         if s.get("reward"):
             lines.append(
                 f"  - reward, first third of the steps {s['reward']['first_third']:.3f}, "
@@ -114,8 +141,18 @@ def render(sessions: list[dict]) -> list[str]:
                 f"± {after['likelihood_accuracy_se']:.3f}; reward accuracy after {after['reward_accuracy']:.3f} "
                 f"± {after['reward_accuracy_se']:.3f}, margin {after['margin']:.4f} ± {after['margin_se']:.4f}"
             )
-        if s.get("held_out"):
+        if s.get("pass_rate"):
             lines.append(
-                f"  - held-out accuracy before {s['held_out']['before']:.3f}, after {s['held_out']['after']:.3f}"
+                f"  - tests passed, first quarter {s['pass_rate']['first_quarter']:.3f}, "
+                f"last quarter {s['pass_rate']['last_quarter']:.3f}"
+            )
+        if s.get("held_out"):
+            lines.append(_held_out_line(s["held_out"]))
+        if s.get("resume"):
+            resume = s["resume"]
+            differences = "; ".join(f"{label} {value:.3g}" for label, value in resume["largest_difference"].items())
+            lines.append(
+                f"  - resumed from the checkpoint after step {resume['from_step']} for {resume['steps']} steps, "
+                f"largest difference from the uninterrupted steps: {differences}"
             )
     return lines

@@ -1,10 +1,10 @@
-"""What the training-session loops share: connecting, datum construction, advantages, the session's
-lifetime, billing and metric lines.
+"""What the training-session notebooks share: connecting, datum construction, the session's lifetime,
+billing and metric records.
 
-The loops (``sft.py``, ``grpo.py``, ``code_rl.py``) run in the notebook's process and drive a SageMaker
-training session with the SDK v3 clients (``sagemaker.train.training_session``); the service keeps the
-model on its GPUs, the loop decides every step. Losses on the service are **sums** over tokens and
-datums: the loop owns normalisation (here: divide by the step's target tokens).
+The loops are in the notebooks (07 SFT, 08 GRPO, 09 code RL): they run in the notebook's process and
+drive a SageMaker training session with the SDK v3 clients (``sagemaker.train.training_session``); the
+service keeps the model on its GPUs, the loop decides every step. Losses on the service are **sums**
+over tokens and datums: the loop owns normalisation (the notebooks divide by the step's target tokens).
 """
 
 from __future__ import annotations
@@ -12,19 +12,15 @@ from __future__ import annotations
 import atexit
 import contextlib
 import json
+import math
 import os
 import subprocess
-import sys
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-if str(REPO / "scripts") not in sys.path:
-    sys.path.insert(0, str(REPO / "scripts"))  # the environments (rewards) the training-job scripts use
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))  # helpers.offline_data, the project's own data sets
+from helpers.local_account import LOCAL_ROLE  # the role local mode answers for (also the job notebooks')
+from session_loops import REPO
 
-LOCAL_BASE_MODEL = "local/tiny-qwen2"
 # Prices per million tokens, an assumption for the estimate only: replace them with your Region's
 # figures from the SageMaker pricing page (training sessions bill prefill, sample and training tokens).
 PRICE_PER_MILLION = {"prefill": 0.10, "sample": 0.30, "training": 0.60}
@@ -66,9 +62,6 @@ def start_local_endpoint(root: str | os.PathLike | None = None) -> dict[str, str
     environment = json.loads(done.stdout.strip().splitlines()[-1])
     os.environ.update(environment)
     return environment
-
-
-LOCAL_ROLE = "arn:aws:iam::123456789012:role/SageMakerRole"
 
 
 def local_warm_start_model(task: str = "gsm8k") -> str:
@@ -129,20 +122,6 @@ def explain(error: Exception) -> Exception:
     return error
 
 
-def session_arguments(description: str):
-    """The command line every loop takes: where the session runs and the LoRA it trains."""
-    import argparse
-
-    parser = argparse.ArgumentParser(description=description)
-    parser.add_argument("--run-mode", default="auto", choices=["auto", "local", "sagemaker"])
-    parser.add_argument("--region", default=None)
-    parser.add_argument("--role", default=None, help="IAM role ARN (required with --run-mode sagemaker)")
-    parser.add_argument("--base-model", default=LOCAL_BASE_MODEL)
-    parser.add_argument("--rank", type=int, default=16)
-    parser.add_argument("--alpha", type=int, default=32)
-    return parser
-
-
 def choose_base_model(service, base_model: str) -> str:
     """``base_model`` if the service offers it, else an error listing what it does offer."""
     try:
@@ -157,25 +136,11 @@ def choose_base_model(service, base_model: str) -> str:
     return base_model
 
 
-@contextlib.contextmanager
-def training_session(service, base_model: str, rank: int, alpha: int, **options):
-    """A LoRA training client whose session is stopped on the way out, even when a cell fails
-    (a Running session holds capacity until it is stopped or expires)."""
-    try:
-        client = service.create_lora_training_client(base_model, rank=rank, alpha=alpha, **options)
-    except Exception as error:
-        raise explain(error) from error
-    try:
-        yield client
-    finally:
-        close_session(client)
-
-
 def open_session(service, base_model: str, rank: int, alpha: int, **options):
-    """A LoRA training client for notebooks, whose cells cannot share one ``with``: the session is
-    stopped by ``close_session`` in the last cell, or when the kernel exits (papermill stops the kernel
-    after a failing cell). In Jupyter a failed cell leaves it Running until the last cell, a kernel
-    restart, or the service's idle expiry."""
+    """A LoRA training client for notebooks, whose cells cannot share one ``with``: the loop's cell
+    stops the session in its ``finally`` (``close_session``), and it is also stopped when the kernel
+    exits, in case a cell before the loop fails (papermill stops the kernel after a failing cell; in
+    Jupyter the session then stays Running until a kernel restart or the service's idle expiry)."""
     try:
         client = service.create_lora_training_client(base_model, rank=rank, alpha=alpha, **options)
     except Exception as error:
@@ -308,12 +273,6 @@ def wait_for_operation(runtime_client, session_name: str, operation_id: str, tim
 # --------------------------------------------------------------------------- datums
 
 
-def prompt_ids(tokenizer, messages: list[dict]) -> list[int]:
-    """The chat prompt up to the assistant's turn, as token ids."""
-    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-    return tokenizer(text, add_special_tokens=False)["input_ids"]
-
-
 def supervised_datum(prompt: list[int], answer: list[int]):
     """One SFT example. Position i of ``model_input`` predicts ``target_tokens[i]``: the shift by one.
     Weight 0 on targets that are prompt tokens, 1 on the answer's: only the answer is learned.
@@ -355,8 +314,8 @@ def wire_datum(datum) -> dict:
     return {
         "modelInput": {"chunks": [{"tokens": datum.model_input.to_ints(), "type": "encoded_text"}]},
         "lossFnInputs": {
-            "target_tokens": {"data": _values(datum.loss_fn_inputs["target_tokens"]), "dtype": "int64"},
-            "weights": {"data": _values(datum.loss_fn_inputs["weights"]), "dtype": "float32"},
+            "target_tokens": {"data": values(datum.loss_fn_inputs["target_tokens"]), "dtype": "int64"},
+            "weights": {"data": values(datum.loss_fn_inputs["weights"]), "dtype": "float32"},
         },
     }
 
@@ -367,10 +326,10 @@ def target_tokens_of_wire(datum_list: list[dict]) -> int:
 
 def target_tokens(datums) -> int:
     """Tokens with a non-zero weight: what the summed loss is divided by."""
-    return sum(sum(1 for w in _values(d.loss_fn_inputs["weights"]) if w) for d in datums)
+    return sum(sum(1 for w in values(d.loss_fn_inputs["weights"]) if w) for d in datums)
 
 
-def _values(tensor) -> list:
+def values(tensor) -> list:
     """A loss input or output as a plain list (a TensorData, its wire dict, or a list)."""
     if isinstance(tensor, dict):
         return tensor["data"]
@@ -380,18 +339,25 @@ def _values(tensor) -> list:
 # --------------------------------------------------------------------------- RL pieces
 
 
+def mean_and_standard_error(values: list[float]) -> tuple[float, float]:
+    """The mean of independent values and its standard error (sample std / sqrt(n); 0 for one value)."""
+    n = len(values)
+    mean = sum(values) / n
+    if n < 2:
+        return mean, 0.0
+    return mean, math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1) / n)
+
+
 def ratio_stats(datums, outputs, low: float, high: float) -> dict[str, float]:
     """How off-policy the batch was: the training model's logprobs (returned by forward_backward, before
     this step's update) against the sampler's, over the completion tokens. ``clip_fraction`` is the share
     of tokens whose ratio lies outside [low, high]."""
-    import math
-
     n = outside = 0
     kl = 0.0
     for datum, output in zip(datums, outputs, strict=True):
         inputs = datum.loss_fn_inputs
         for w, old, new in zip(
-            _values(inputs["weights"]), _values(inputs["logprobs"]), _values(output["logprobs"]), strict=True
+            values(inputs["weights"]), values(inputs["logprobs"]), values(output["logprobs"]), strict=True
         ):
             if w:
                 ratio = math.exp(new - old)
@@ -431,6 +397,17 @@ def log_step(history: list[dict], record: dict) -> None:
         "  ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in record.items() if k != "time"),
         flush=True,
     )
+
+
+def largest_difference(records: list[dict], others: list[dict]) -> float:
+    """The largest absolute difference between two runs' step records, over every number they both hold
+    but the clock's (``time``, ``judge_time``): 0.0 when a resumed run repeated the steps exactly."""
+    largest = 0.0
+    for one, other in zip(records, others, strict=True):
+        for key in one.keys() & other.keys() - {"time", "judge_time"}:
+            if isinstance(one[key], (int, float)) and isinstance(other[key], (int, float)):
+                largest = max(largest, abs(one[key] - other[key]))
+    return largest
 
 
 def record(work_dir: str | os.PathLike, notebook: str, training_client, history: list[dict], **extra) -> dict:

@@ -35,7 +35,7 @@ def pair_datums(tokenizer, rows: list[dict], max_prompt_length: int, max_length:
 
 def answer_masks(datums) -> list[torch.Tensor]:
     """Each datum's answer mask (its weights: 1 on the answer's target tokens)."""
-    return [torch.tensor(common._values(d.loss_fn_inputs["weights"]), dtype=torch.float64) for d in datums]
+    return [torch.tensor(common.values(d.loss_fn_inputs["weights"]), dtype=torch.float64) for d in datums]
 
 
 def pair_logps(logprobs: list[torch.Tensor], masks: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:

@@ -46,7 +46,7 @@ LogprobLoss = Callable[[list[torch.Tensor]], "torch.Tensor | tuple[torch.Tensor,
 def token_logprobs(training_client, datums) -> list[torch.Tensor]:
     """Step 1: ``logp_t`` of every datum's target tokens at the session's current weights, one forward pass."""
     outputs = training_client.forward(datums, loss_fn="cross_entropy").result().loss_fn_outputs
-    return [torch.tensor(common._values(output["logprobs"]), dtype=torch.float64) for output in outputs]
+    return [torch.tensor(common.values(output["logprobs"]), dtype=torch.float64) for output in outputs]
 
 
 def gradient_weights(loss_fn: LogprobLoss, logprobs: list[torch.Tensor]) -> tuple[float, list[torch.Tensor], dict]:

@@ -20,11 +20,11 @@ import psutil
 from botocore.awsrequest import AWSResponse
 from botocore.utils import parse_to_aware_datetime
 
+from ..local_account import ACCOUNT_ID  # local mode's account, defined once for both environments
 from . import runner
 from .storage import to_wire
 from .validation import ServiceError, validate_create_training_job
 
-ACCOUNT_ID = "123456789012"  # moto's account: the fake execution role and ARNs use it
 _ACTIVE = ("InProgress", "Stopping")
 
 

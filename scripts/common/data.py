@@ -1,15 +1,24 @@
-"""Reading JSON Lines with errors that point at the bad row, and a reproducible batch order."""
+"""Reading JSON Lines with errors that point at the bad row, chat prompts as token ids, a reproducible
+batch order and padding.
+
+Importing this module needs no torch (only the functions that build tensors import it): the training
+sessions' environment, which has the SageMaker SDK v3 and no torch, reads and validates its data with
+the same loaders as the job scripts (``environments.gsm8k``, ``environments.code``).
+"""
 
 from __future__ import annotations
 
 import json
 from collections.abc import Callable, Sequence
 from pathlib import Path
-
-import torch
+from typing import TYPE_CHECKING
 
 from common.contract import UserError
-from common.distributed import Learners
+
+if TYPE_CHECKING:
+    import torch
+
+    from common.distributed import Learners
 
 
 def _is_empty(value) -> bool:
@@ -57,6 +66,12 @@ def read_jsonl(path: str | Path, fields: Sequence[str], check: Callable[[dict], 
     return rows
 
 
+def prompt_token_ids(tokenizer, messages: list[dict]) -> list[int]:
+    """Chat ``messages`` rendered with the chat template, ready for the assistant's answer."""
+    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    return tokenizer(text, add_special_tokens=False)["input_ids"]
+
+
 class BatchOrder:
     """Endless, reproducible global batches of example indices: each epoch is a fresh permutation
     seeded by (seed, epoch); ``state_dict()`` holds the position, so a resumed run sees exactly the
@@ -72,6 +87,8 @@ class BatchOrder:
         self.position = 0  # next index into this epoch's permutation
 
     def _permutation(self, epoch: int) -> list[int]:
+        import torch
+
         generator = torch.Generator().manual_seed(self.seed * 1_000_003 + epoch)
         return torch.randperm(self.num_examples, generator=generator).tolist()
 
@@ -125,6 +142,8 @@ def evaluation_batches(num_examples: int, learners: Learners, micro_batch_size: 
 
 def pad_rows(rows: list[list[int]], value: int, left: bool, device) -> tuple[torch.Tensor, torch.Tensor]:
     """A (rows, longest) tensor padded with ``value`` on the left or right, and its 0/1 mask."""
+    import torch
+
     width = max(len(row) for row in rows)
     ids, mask = [], []
     for row in rows:

@@ -12,13 +12,7 @@ from __future__ import annotations
 import torch
 
 from common import distributed
-from common.data import pad_rows
-
-
-def prompt_token_ids(tokenizer, messages: list[dict]) -> list[int]:
-    """Chat ``messages`` rendered with the chat template, ready for the assistant's answer."""
-    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-    return tokenizer(text, add_special_tokens=False)["input_ids"]
+from common.data import pad_rows, prompt_token_ids  # noqa: F401 - prompt_token_ids: the scripts' generation.prompt_token_ids
 
 
 def default_stop_ids(model, tokenizer) -> list[int]:

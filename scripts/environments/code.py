@@ -258,7 +258,7 @@ class CodeEnvironment:
         self.judge_time = 0.0
 
     def load(self, path) -> list[dict]:
-        from common import data  # torch-backed reader; the rewards need no torch (training sessions' env)
+        from common import data  # the validated JSON Lines reader the job scripts use (torch-free to import)
 
         rows = data.read_jsonl(path, [], check=normalize_problem)
         problems = [normalize_problem(row) for row in rows]

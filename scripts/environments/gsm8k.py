@@ -109,7 +109,7 @@ class GSM8KEnvironment:
     name = "gsm8k"
 
     def load(self, path) -> list[dict]:
-        from common import data  # torch-backed reader; the rewards need no torch (training sessions' env)
+        from common import data  # the validated JSON Lines reader the job scripts use (torch-free to import)
 
         return data.read_jsonl(path, ["question", "answer"], check=_check_row)
 

@@ -65,7 +65,7 @@ def cross_entropy_resume(steps: int) -> dict:
     resumed = svc.create_training_client_from_state_with_optimizer(checkpoint, rank=8, alpha=16)
     tail = cross_entropy_steps(resumed, datums, steps - steps // 2)
     weights_only = svc.create_training_client_from_state(checkpoint, rank=8, alpha=16)
-    tail_fresh_optimizer = cross_entropy_steps(weights_only, datums, 1)
+    tail_fresh_optimizer = cross_entropy_steps(weights_only, datums, steps - steps // 2)
     detail = boto3.client("sagemaker").describe_training_session(TrainingSessionName=name)["TrainingSessionDetail"]
     resumed.stop()
     weights_only.stop()

@@ -16,8 +16,11 @@ def test_cross_entropy_lowers_the_loss_and_save_state_resumes_bitwise(sdk):
     # Stopped after 2 steps, restored from save_state with the optimizer into a new session: the
     # same floats as the run that never stopped.
     assert out["resumed"] == losses
-    # Weights only: the same model at step 3, so the same loss before the (fresh) update.
-    assert out["fresh_optimizer"] == [losses[2]]
+    # Weights only: the same model at step 3, so the same loss before the first update; that update
+    # starts AdamW's moments afresh, so the run parts from the uninterrupted one at step 4 (by ~3e-4 of
+    # the loss at this learning rate: far beyond float noise, which the bitwise resume above rules out).
+    assert out["fresh_optimizer"][0] == losses[2]
+    assert abs(out["fresh_optimizer"][1] - losses[3]) > 1e-5 * abs(losses[3]), (out["fresh_optimizer"], losses)
     assert out["checkpoint"].startswith("arn:aws:sagemaker:us-east-1:123456789012:model-package/")
     # The first session: 2 x (forward_backward + optim_step) + save_state, billed for what it trained.
     assert out["last_sequence"] == 5

@@ -1,0 +1,36 @@
+"""The training-session notebooks' problems, read and checked by the environments the job scripts use.
+
+Staged files are read by the environments' own loaders (``GSM8KEnvironment().load(path)``,
+``CodeEnvironment.load``): a bad row is an error naming the file, the line and the field, as in a
+training job. They import no torch, so they run in the SDK v3 environment; this module adds the
+problems the project generates offline.
+"""
+
+from __future__ import annotations
+
+import random
+
+
+def count_problems(n: int, seed: int = 0, largest: int = 5) -> list[dict]:
+    """The easiest GSM8K-format problems: the answer is the number in the question. Small enough for
+    the tiny model to learn in a few steps offline; the cloud runs use openai/gsm8k."""
+    from helpers.offline_data import ITEMS, NAMES
+
+    rng = random.Random(seed)
+    problems = []
+    for _ in range(n):
+        name, item, count = rng.choice(NAMES), rng.choice(ITEMS), rng.randint(1, largest)
+        problems.append(
+            {"question": f"{name} has {count} {item}. How many {item} does {name} have?", "answer": f"#### {count}"}
+        )
+    return problems
+
+
+def offline_code_problems(n: int, seed: int = 0) -> list[dict]:
+    """The project's easy code problems (sum of two numbers, largest of a list...), normalised as the
+    code environment normalises any problem; the cloud runs use the set notebook 0 staged."""
+    from environments.code import normalize_problem
+
+    from helpers import offline_data
+
+    return [normalize_problem(row) for row in offline_data.code_problem_records(n, seed=seed)]
