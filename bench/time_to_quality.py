@@ -97,8 +97,8 @@ PROFILES = {
         target=1.01,  # never reached: the run goes to the step cap, so every step's code runs
         max_steps=2,
         # The tiny model seldom ends an answer, and the service's samples are 512 tokens at the least:
-        # the service stops at the first space instead, so a test runs this side's code in seconds.
-        session_stop=[" "],
+        # the service stops at the first space, newline or digit instead, so a test runs this side in seconds.
+        session_stop=[" ", "\n", *"0123456789"],
     ),
 }
 N_TRAIN, N_TEST = 64, 32  # the real-model profile's data (notebook 00: n_train 64, n_test 32)
