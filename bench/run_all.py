@@ -7,6 +7,7 @@ Sections, each in its own process so each peak RSS is its own:
   sandbox     judged tests per second (``bench.sandbox_throughput``)
   sessions    training sessions through the SDK v3 vs in-process (``bench.training_sessions``)
   time_to_quality  GRPO to a held-out target: grpo.py, LoRA, the session, TRL (``bench.time_to_quality``)
+  tinker_peer the session service vs SkyRL's Tinker API server (``bench.tinker_peer``)
 Every training and generation run uses one torch thread (see ``bench.train_steps``).
 The table goes to stdout and to ``outputs/bench/cpu_benchmarks.md`` (rows also as ``.json``).
 
@@ -33,7 +34,7 @@ from pathlib import Path
 from bench.fixtures import BENCH_OUTPUT, REPO_ROOT
 from bench.tables import Row, format_table, machine_description, median
 
-SECTIONS = ("steps", "generation", "local_mode", "sandbox", "sessions", "time_to_quality")
+SECTIONS = ("steps", "generation", "local_mode", "sandbox", "sessions", "time_to_quality", "tinker_peer")
 
 
 def steps_rows(quick: bool) -> list[Row]:
@@ -149,6 +150,12 @@ def time_to_quality_rows(quick: bool) -> list[Row]:
     return time_to_quality.measure(list(time_to_quality.SIDES), "tiny" if quick else "smollm2", seeds=1)
 
 
+def tinker_peer_rows(quick: bool) -> list[Row]:
+    from bench import tinker_peer
+
+    return tinker_peer.measure(steps=2 if quick else 5)
+
+
 RUNNERS = {
     "steps": steps_rows,
     "generation": generation_rows,
@@ -156,6 +163,7 @@ RUNNERS = {
     "sandbox": sandbox_rows,
     "sessions": sessions_rows,
     "time_to_quality": time_to_quality_rows,
+    "tinker_peer": tinker_peer_rows,
 }
 
 
