@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import socket
 import statistics
 import subprocess
@@ -34,6 +35,26 @@ PEER_PYTHON = REPO_ROOT / ".venv-bench-peer" / "bin" / "python"
 SESSIONS_PYTHON = REPO_ROOT / ".venv-sessions" / "bin" / "python"
 CLIENT = Path(__file__).with_name("tinker_peer_client.py")
 RANK, MAX_TOKENS = 8, 512
+# Two things stand between skyrl 0.3.0's server as released and this machine, and the benchmark works
+# around both without touching SkyRL's code:
+#  * it allows Python 3.11 (this project's) but declares a pydantic field with typing.TypedDict, which
+#    pydantic refuses before 3.12 ("Please use typing_extensions.TypedDict"): each of its processes
+#    runs with typing_extensions' TypedDict in typing's place;
+#  * the API server starts its engine as `uv run <the flags of the uv run that started the server>
+#    -m skyrl.tinker.engine ...`, read from its parent's command line, so it must be started by
+#    `uv run` inside SkyRL's own source tree. A stand-in `uv` on PATH runs both processes with the
+#    benchmark environment's Python instead, staying their parent as `uv run` would.
+UV_STAND_IN = """#!{python}
+import subprocess, sys
+args = sys.argv[1:]  # run [uv flags] -m MODULE [module arguments]
+at = args.index("-m")
+module, rest = args[at + 1], args[at + 2 :]
+code = (
+    "import runpy, typing, typing_extensions; typing.TypedDict = typing_extensions.TypedDict; "
+    f"runpy.run_module({{module!r}}, run_name='__main__', alter_sys=True)"
+)
+sys.exit(subprocess.call([sys.executable, "-c", code, *rest]))
+"""
 # JAX on CPU with one compute thread, as our service runs torch with one.
 ONE_THREAD_JAX = {
     "JAX_PLATFORMS": "cpu",
@@ -139,11 +160,16 @@ def run_peer(model: Path, config: dict, timeout: float = 600) -> dict:
         "train_micro_batch_size": 8,
         "sample_max_num_sequences": 16,
     }
+    bin_dir = root / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "uv").write_text(UV_STAND_IN.format(python=PEER_PYTHON))
+    (bin_dir / "uv").chmod(0o755)
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON")}
     env.update(ONE_THREAD_JAX, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
+    env["PATH"] = os.pathsep.join([str(bin_dir), env.get("PATH", "")])
     log = open(root / "server.log", "w")  # noqa: SIM115 - closed after the server stops
     server = subprocess.Popen(
-        [str(PEER_PYTHON), "-m", "skyrl.tinker.api", "--base-model", str(model), "--backend", "jax"]
+        [str(bin_dir / "uv"), "run", "-m", "skyrl.tinker.api", "--base-model", str(model), "--backend", "jax"]
         + ["--backend-config", json.dumps(backend), "--port", str(port), "--host", "127.0.0.1"]
         + ["--database-url", f"sqlite:///{root / 'tinker.db'}", "--checkpoints-base", str(root / "checkpoints")],
         cwd=root,
@@ -169,12 +195,12 @@ def run_peer(model: Path, config: dict, timeout: float = 600) -> dict:
         client_env = {**env, "TINKER_API_KEY": "tml-local"}
         config = {**config, "model": str(model), "base_url": f"http://127.0.0.1:{port}", "api_key": "tml-local"}
         return run_client(PEER_PYTHON, "tinker", config, client_env)
-    finally:
-        server.terminate()
+    finally:  # the stand-in uv, the API server and its engine: one process group
+        os.killpg(server.pid, signal.SIGTERM)
         try:
             server.wait(timeout=20)
         except subprocess.TimeoutExpired:
-            server.kill()
+            os.killpg(server.pid, signal.SIGKILL)
             server.wait()
         log.close()
 
