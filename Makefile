@@ -82,11 +82,21 @@ lint: $(VENV)/.stamp
 	$(PY) -m ruff check helpers scripts session_loops tests bench notebooks
 	$(PY) -m ruff format --check helpers scripts session_loops tests bench
 
-bench: $(VENV)/.stamp
+## bench: every CPU benchmark (docs/BENCHMARKS.md). It builds what the benchmarks need and the tests
+## never do: SmolLM2 for the time-to-quality runs, and the Tinker-compatible peer's environment.
+bench: $(VENV)/.stamp $(VENV)/.smollm2-stamp $(SESSIONS_VENV)/.stamp $(PEER_VENV)/.stamp
 	$(PY) -m bench.run_all
 
+# The benchmark-only environment: SkyRL's Tinker API server and the tinker SDK (requirements-bench-peer.txt),
+# kept apart from the others (its transformers, peft and JAX are its own).
+PEER_VENV := .venv-bench-peer
+$(PEER_VENV)/.stamp: requirements-bench-peer.txt
+	@test -x $(PEER_VENV)/bin/python || $(PYTHON) -m venv $(PEER_VENV)
+	$(PEER_VENV)/bin/python -m pip install -q --disable-pip-version-check -r requirements-bench-peer.txt
+	@touch $@
+
 clean-env:
-	rm -rf $(VENV) $(IMAGE_VENV) $(SESSIONS_VENV)
+	rm -rf $(VENV) $(IMAGE_VENV) $(SESSIONS_VENV) $(PEER_VENV)
 
 # The training-session environment: SageMaker SDK v3 (sagemaker-train) cannot share a virtual
 # environment with SDK v2 (both own sagemaker/__init__.py), so it gets its own.

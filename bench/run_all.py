@@ -6,6 +6,8 @@ Sections, each in its own process so each peak RSS is its own:
   local_mode  time to the script's first line and job overhead (``bench.local_mode_overhead``)
   sandbox     judged tests per second (``bench.sandbox_throughput``)
   sessions    training sessions through the SDK v3 vs in-process (``bench.training_sessions``)
+  time_to_quality  GRPO to a held-out target: grpo.py, LoRA, the session, TRL (``bench.time_to_quality``)
+  tinker_peer the session service vs SkyRL's Tinker API server (``bench.tinker_peer``)
 Every training and generation run uses one torch thread (see ``bench.train_steps``).
 The table goes to stdout and to ``outputs/bench/cpu_benchmarks.md`` (rows also as ``.json``).
 
@@ -32,7 +34,7 @@ from pathlib import Path
 from bench.fixtures import BENCH_OUTPUT, REPO_ROOT
 from bench.tables import Row, format_table, machine_description, median
 
-SECTIONS = ("steps", "generation", "local_mode", "sandbox", "sessions")
+SECTIONS = ("steps", "generation", "local_mode", "sandbox", "sessions", "time_to_quality", "tinker_peer")
 
 
 def steps_rows(quick: bool) -> list[Row]:
@@ -142,12 +144,26 @@ def sessions_rows(quick: bool) -> list[Row]:
     return training_sessions.measure(["tiny"] if quick else ["tiny", "small"], steps=3 if quick else 10)
 
 
+def time_to_quality_rows(quick: bool) -> list[Row]:
+    from bench import time_to_quality
+
+    return time_to_quality.measure(list(time_to_quality.SIDES), "tiny" if quick else "smollm2", seeds=1)
+
+
+def tinker_peer_rows(quick: bool) -> list[Row]:
+    from bench import tinker_peer
+
+    return tinker_peer.measure(steps=2 if quick else 5)
+
+
 RUNNERS = {
     "steps": steps_rows,
     "generation": generation_rows,
     "local_mode": local_mode_rows,
     "sandbox": sandbox_rows,
     "sessions": sessions_rows,
+    "time_to_quality": time_to_quality_rows,
+    "tinker_peer": tinker_peer_rows,
 }
 
 
@@ -208,7 +224,8 @@ def main(argv: list[str] | None = None) -> Path | None:
     rows = []
     for name in args.sections:
         print(f"[{name}]", flush=True)
-        rows += run_section(name, args.quick)
+        # GRPO to a target on SmolLM2 takes far longer than a section of step times.
+        rows += run_section(name, args.quick, timeout=7200 if name == "time_to_quality" else 1200)
     machine = machine_description()
     text = (
         f"# CPU benchmarks{' (quick)' if args.quick else ''}\n\n"

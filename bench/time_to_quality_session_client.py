@@ -1,0 +1,131 @@
+"""The training-session side of ``bench.time_to_quality``, run with ``.venv-sessions/bin/python`` (SDK v3).
+
+    time_to_quality_session_client.py <config.json>
+
+A GRPO step through the SDK, built from ``session_loops``' functions (sample a group per problem, score
+with the GSM8K checker, policy-gradient datums, AdamW) with the settings every side of the benchmark
+shares: advantages divided by the group's std, the loss a mean over the step's completion tokens (flat
+groups included, as grpo.py and TRL count them), samples cut to ``max_new_tokens``. The loop here is
+only the benchmark's clock and evaluation around those calls. Prints one JSON line: the curve of
+(step, training seconds, held-out accuracy), the step the target was reached at, the seconds spent in
+evaluations, the mean completion length and this process's peak RSS.
+"""
+
+import json
+import random
+import resource
+import sys
+import time
+
+from common.advantages import group_advantages  # scripts/common: session_loops puts scripts/ on the path
+from environments.gsm8k import GSM8KEnvironment
+from sagemaker.train.training_session import SamplingParams, ServiceClient
+
+from session_loops import common
+from session_loops import grpo as session_grpo
+
+
+def cut(tokenizer, groups: list[dict], max_tokens: int) -> list[dict]:
+    """Each sample's first ``max_tokens`` tokens (and their logprobs), decoded again: what a sampler
+    capped at ``max_tokens`` draws, since every token depends only on those before it."""
+    for group in groups:
+        group["samples"] = [
+            sample.model_copy(
+                update={"tokens": sample.tokens[:max_tokens], "logprobs": (sample.logprobs or [])[:max_tokens]}
+            )
+            for sample in group["samples"]
+        ]
+        group["completions"] = [tokenizer.decode(s.tokens, skip_special_tokens=True) for s in group["samples"]]
+    return groups
+
+
+def held_out_accuracy(training_client, tokenizer, env, held_out: list[dict], max_tokens: int, stop=None) -> float:
+    """Greedy answers through a sampler on the current weights, cut as the other sides' are, then scored."""
+    sampler = training_client.save_weights_and_get_sampling_client()
+    # 512: the service's smallest max_tokens
+    params = SamplingParams(max_tokens=512, temperature=0.0, seed=0, stop=stop)
+    requests = session_grpo.sample_groups(sampler, tokenizer, env, held_out, 1, params)
+    groups = session_grpo.score_groups(
+        env, cut(tokenizer, session_grpo.receive_groups(tokenizer, requests), max_tokens)
+    )
+    return sum(bool(g["scores"][0]["correct"]) for g in groups) / len(groups)
+
+
+def main(config: dict) -> dict:
+    env = GSM8KEnvironment()
+    service = ServiceClient(region="us-east-1", role_arn=common.LOCAL_ROLE)
+    rng = random.Random(config["seed"])
+    group_size, max_tokens = config["num_generations"], config["max_new_tokens"]
+    adam = common.adam_params(config["learning_rate_lora"])
+    curve, reached, trained, eval_seconds, lengths = [], None, 0.0, 0.0, []
+
+    with common.training_session(
+        service, config["model"], config["lora_rank"], config["lora_alpha"], seed=config["seed"]
+    ) as training_client:
+        tokenizer = training_client.get_tokenizer()
+
+        def evaluate(step: int) -> None:
+            nonlocal reached, eval_seconds
+            started = time.perf_counter()
+            accuracy = held_out_accuracy(
+                training_client,
+                tokenizer,
+                env,
+                config["held_out"],
+                config["eval_max_new_tokens"],
+                config["session_stop"],
+            )
+            eval_seconds += time.perf_counter() - started
+            curve.append({"step": step, "seconds": round(trained, 3), "accuracy": accuracy})
+            if accuracy >= config["target"] and reached is None:
+                reached = curve[-1]
+
+        evaluate(0)
+        for step in range(1, config["max_steps"] + 1):
+            started = time.perf_counter()
+            sampler = training_client.save_weights_and_get_sampling_client()
+            params = SamplingParams(
+                max_tokens=512,
+                temperature=config["temperature"],
+                seed=config["seed"] * 1_000_000 + step * 1_000,
+                stop=config["session_stop"],
+            )
+            batch = rng.sample(config["train"], config["prompts_per_step"])
+            groups = session_grpo.receive_groups(
+                tokenizer, session_grpo.sample_groups(sampler, tokenizer, env, batch, group_size, params)
+            )
+            session_grpo.score_groups(env, cut(tokenizer, groups, max_tokens), config["format_reward_weight"])
+            samples = [(g["prompt"], s) for g in groups for s in g["samples"]]
+            advantages = [
+                a for g in groups for a in group_advantages([s["reward"] for s in g["scores"]], group_size, "group")
+            ]
+            n_tokens = max(sum(len(s.tokens) for _, s in samples), 1)
+            lengths.append(n_tokens / len(samples))
+            datums = [
+                common.policy_gradient_datum(prompt, sample, advantage / n_tokens)
+                for (prompt, sample), advantage in zip(samples, advantages, strict=True)
+                if advantage != 0.0  # a zero advantage adds nothing to the gradient
+            ]
+            if datums:
+                forward_backward = training_client.forward_backward(datums, loss_fn="importance_sampling")
+                optim_step = training_client.optim_step(adam)
+                forward_backward.result()
+                optim_step.result()
+            trained += time.perf_counter() - started
+            if step % config["eval_every"] == 0 or step == config["max_steps"]:
+                evaluate(step)
+                if reached is not None:
+                    break
+    return {
+        "curve": curve,
+        "reached_at": reached,
+        "trained_seconds": trained,
+        "eval_seconds": eval_seconds,
+        "completion_length": sum(lengths) / len(lengths) if lengths else None,
+        "client_peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+    }
+
+
+if __name__ == "__main__":
+    with open(sys.argv[1]) as handle:
+        print(json.dumps(main(json.load(handle))))

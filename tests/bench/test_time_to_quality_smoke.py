@@ -1,0 +1,60 @@
+"""bench.time_to_quality runs every side's code on tiny shapes: grpo.py (all weights, LoRA), the training
+session through the SDK v3, TRL's GRPOTrainer with LoRA; each evaluates on its cadence and reports."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+SIDES = ("grpo_full", "grpo_lora", "session_lora", "trl_lora")
+
+
+@pytest.mark.skipif(
+    not (REPO / ".venv-sessions" / "bin" / "python").exists(),
+    reason="the SDK v3 environment (.venv-sessions) is missing",
+)
+def test_time_to_quality_every_side_on_tiny_shapes(tmp_path, tiny_model_path):
+    out = tmp_path / "ttq.md"
+    env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", PYTHONPATH=str(REPO))
+    completed = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "bench.time_to_quality",
+            "--model",
+            "tiny",
+            "--max-steps",
+            "2",
+            "--concurrent",
+            "--out",
+            str(out),
+        ],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert completed.returncode == 0, completed.stdout[-3000:] + completed.stderr[-3000:]
+
+    rows = json.loads(out.with_suffix(".json").read_text())["rows"]
+    assert [row["case"].rsplit(" (", 1)[0] for row in rows] == [
+        "scripts/grpo.py, all weights",
+        "scripts/grpo.py, LoRA",
+        "training session (local service), LoRA",
+        "TRL GRPOTrainer + peft LoRA",
+    ]
+    for row in rows:
+        (run,) = row["extra"]["runs"]
+        # evaluated before step 1 and after each of the 2 steps (the tiny profile evaluates every step)
+        assert [point["step"] for point in run["curve"]] == [0, 1, 2]
+        assert all(0.0 <= point["accuracy"] <= 1.0 for point in run["curve"])
+        assert run["curve"][2]["seconds"] > run["curve"][1]["seconds"] > 0  # training time, evaluations left out
+        assert run["reached_at"] is None and row["ours"] is None  # the tiny profile's target is out of reach
+        assert run["peak_rss_mib"] > 0 and run["eval_seconds"] > 0
+        assert 0 < run["completion_length"] <= 8  # every side's samples are cut at the profile's 8 tokens
+    assert "| time to target |" in out.read_text()
