@@ -12,6 +12,7 @@ evaluations, the mean completion length and this process's peak RSS.
 """
 
 import json
+import contextlib
 import random
 import resource
 import sys
@@ -59,9 +60,11 @@ def main(config: dict) -> dict:
     adam = common.adam_params(config["learning_rate_lora"])
     curve, reached, trained, eval_seconds, lengths = [], None, 0.0, 0.0, []
 
-    with common.training_session(
-        service, config["model"], config["lora_rank"], config["lora_alpha"], seed=config["seed"]
-    ) as training_client:
+    with contextlib.ExitStack() as stop:
+        training_client = common.open_session(
+            service, config["model"], config["lora_rank"], config["lora_alpha"], seed=config["seed"]
+        )
+        stop.callback(common.close_session, training_client)
         tokenizer = training_client.get_tokenizer()
 
         def evaluate(step: int) -> None:
