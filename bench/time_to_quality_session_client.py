@@ -11,8 +11,8 @@ only the benchmark's clock and evaluation around those calls. Prints one JSON li
 evaluations, the mean completion length and this process's peak RSS.
 """
 
-import json
 import contextlib
+import json
 import random
 import resource
 import sys
