@@ -6,6 +6,8 @@ Sections, each in its own process so each peak RSS is its own:
   local_mode  time to the script's first line and job overhead (``bench.local_mode_overhead``)
   sandbox     judged tests per second (``bench.sandbox_throughput``)
   sessions    training sessions through the SDK v3 vs in-process (``bench.training_sessions``)
+  sampling    session sampling tokens/s at 1, 4, 16 requests in flight, batched vs one at a time,
+              LoRA unmerged vs merged; tiny and SmolLM2 when installed (``bench.training_sessions_sampling``)
 Every training and generation run uses one torch thread (see ``bench.train_steps``).
 The table goes to stdout and to ``outputs/bench/cpu_benchmarks.md`` (rows also as ``.json``).
 
@@ -32,7 +34,7 @@ from pathlib import Path
 from bench.fixtures import BENCH_OUTPUT, REPO_ROOT
 from bench.tables import Row, format_table, machine_description, median
 
-SECTIONS = ("steps", "generation", "local_mode", "sandbox", "sessions")
+SECTIONS = ("steps", "generation", "local_mode", "sandbox", "sessions", "sampling")
 
 
 def steps_rows(quick: bool) -> list[Row]:
@@ -142,12 +144,20 @@ def sessions_rows(quick: bool) -> list[Row]:
     return training_sessions.measure(["tiny"] if quick else ["tiny", "small"], steps=3 if quick else 10)
 
 
+def sampling_rows(quick: bool) -> list[Row]:
+    from bench import training_sessions_sampling
+
+    models = ["tiny"] if quick else ["tiny", "smollm2"]  # smollm2 is skipped when its wheel is not installed
+    return training_sessions_sampling.measure(models, rounds=1 if quick else 3)
+
+
 RUNNERS = {
     "steps": steps_rows,
     "generation": generation_rows,
     "local_mode": local_mode_rows,
     "sandbox": sandbox_rows,
     "sessions": sessions_rows,
+    "sampling": sampling_rows,
 }
 
 

@@ -8,7 +8,9 @@ figures are sampling and not HTTP), for each model:
   * **batched**: the requests sent together from their own threads, served by the engine's
     sampling queue in shared generation passes (the service as it is);
   * **one at a time**: the same requests, each in its own pass after the previous one ended (the
-    service before the queue: one sampling operation at a time per session);
+    service before the queue: one sampling operation at a time per session). Requests served one
+    after another do not interact, so one sweep over the 16 requests gives the figure for the
+    first 1, 4 and 16 of them (their tokens over their summed times);
   * **LoRA unmerged vs merged**: at 1 and 16 in flight, sampling through the adapter (peft's LoRA
     layers, what the engine does) against a copy of the model with the adapter merged into its
     weights (``merge_and_unload``, what merging once per saved sampler would do), with the merge's
@@ -37,7 +39,7 @@ import torch
 from bench.fixtures import SCRIPTS_DIR, data_dir
 from bench.tables import Row, format_table, peak_rss_mib
 
-SAMPLES, MAX_TOKENS, RANK = 4, 64, 8
+SAMPLES, MAX_TOKENS, RANK = 4, 32, 8
 IN_FLIGHT = (1, 4, 16)
 MERGE_IN_FLIGHT = (1, 16)
 
@@ -97,8 +99,14 @@ def batched(engine, requests) -> int:
     return sum(len(s["tokens"]) for samples in answers for s in samples)
 
 
-def one_at_a_time(engine, requests) -> int:
-    return sum(len(s["tokens"]) for prompt, params in requests for s in engine.sample(prompt, SAMPLES, params))
+def one_at_a_time(engine, requests) -> list[tuple[int, float]]:
+    """(tokens, seconds) of each request, served one after another."""
+    served = []
+    for prompt, params in requests:
+        started = time.perf_counter()
+        samples = engine.sample(prompt, SAMPLES, params)
+        served.append((sum(len(s["tokens"]) for s in samples), time.perf_counter() - started))
+    return served
 
 
 def merged_copy(engine):
@@ -128,7 +136,7 @@ def timed(run, *args) -> tuple[float, float]:
 
 
 def figure(rates: list[float]) -> tuple[float, str]:
-    return statistics.median(rates), f"{min(rates):.0f}-{max(rates):.0f}"
+    return statistics.median(rates), f"{min(rates):.3g}-{max(rates):.3g}"
 
 
 def measure(models: list[str], rounds: int = 3, log=print) -> list[Row]:
@@ -143,19 +151,25 @@ def measure(models: list[str], rounds: int = 3, log=print) -> list[Row]:
         engine = session_engine(path)
         requests = requests_params(engine.tokenizer, max(IN_FLIGHT))
         batched(engine, requests[:2])  # warm-up: first-call allocations and kernel selection
-        for count in IN_FLIGHT:
-            rates, loads = {"batched": [], "one": []}, []
-            for round_index in range(rounds):
-                for way, run in (("batched", batched), ("one", one_at_a_time)):
-                    rate, load = timed(run, engine, requests[:count])
-                    rates[way].append(rate)
-                    loads.append(load)
+        rates = {count: {"batched": [], "one": []} for count in IN_FLIGHT}
+        loads = []
+        for round_index in range(rounds):
+            load = os.getloadavg()[0]
+            served = one_at_a_time(engine, requests)
+            loads.append((load + os.getloadavg()[0]) / 2)
+            for count in IN_FLIGHT:
+                tokens, seconds = map(sum, zip(*served[:count], strict=True))
+                rates[count]["one"].append(tokens / seconds)
+                rate, load = timed(batched, engine, requests[:count])
+                rates[count]["batched"].append(rate)
+                loads.append(load)
                 log(
-                    f"  sampling {name}, {count} in flight, round {round_index + 1}: batched "
-                    f"{rates['batched'][-1]:.0f}, one at a time {rates['one'][-1]:.0f} tokens/s (load {loads[-1]:.1f})"
+                    f"  sampling {name}, {count} in flight, round {round_index + 1}: batched {rate:.1f}, "
+                    f"one at a time {rates[count]['one'][-1]:.1f} tokens/s (load {load:.1f})"
                 )
-            ours, spread = figure(rates["batched"])
-            baseline, baseline_spread = figure(rates["one"])
+        for count in IN_FLIGHT:
+            ours, spread = figure(rates[count]["batched"])
+            baseline, baseline_spread = figure(rates[count]["one"])
             rows.append(
                 Row(
                     "sessions: sampling in flight",
