@@ -17,6 +17,7 @@ the model card's generation config.
 from __future__ import annotations
 
 import contextlib
+import math
 from dataclasses import dataclass, field
 
 import torch
@@ -170,6 +171,22 @@ class SampleRequest:
     top_p: float = 1.0
     seed: int | None = None
     stop: list[str] = field(default_factory=list)
+
+    def __post_init__(self):
+        # Checked here, before a request joins a batch: a bad one must not fail the others' pass.
+        problems = []
+        if not self.prompt:
+            problems.append("the prompt is empty")
+        if self.num_samples < 1 or self.max_new_tokens < 1:
+            problems.append(f"num_samples {self.num_samples} and max_new_tokens {self.max_new_tokens} must be >= 1")
+        if not (math.isfinite(self.temperature) and self.temperature >= 0):
+            problems.append(f"temperature {self.temperature} must be >= 0 (0: greedy)")
+        if self.top_k < 0:
+            problems.append(f"top_k {self.top_k} must be >= 0 (0: no top-k)")
+        if not 0 < self.top_p <= 1:
+            problems.append(f"top_p {self.top_p} must be in (0, 1]")
+        if problems:
+            raise ValueError("; ".join(problems) + ".")
 
 
 @dataclass

@@ -149,3 +149,18 @@ def test_two_sessions_sampling_at_once_get_what_each_gets_alone(clients):
             control.stop_training_session(TrainingSessionName=name)
     assert together == alone
     assert alone[names[0]] != alone[names[1]]  # the seeds matter: the sessions did not sample alike
+
+
+@pytest.mark.parametrize(
+    ("params", "message"),
+    [
+        ({"maxTokens": 8, "topP": 1.5}, "top_p 1.5 must be in"),
+        ({"maxTokens": 8, "temperature": -1.0}, "temperature -1.0 must be >= 0"),
+        ({"maxTokens": 0}, "max_new_tokens 0 must be >= 1"),
+    ],
+)
+def test_bad_sampling_settings_are_refused_before_they_join_a_pass(session_engine, params, message):
+    passes = session_engine.sampling.passes
+    with pytest.raises(engine_module.InputError, match=message):
+        session_engine.sample(PROMPT, 2, params)
+    assert session_engine.sampling.passes == passes and not session_engine.sampling.pending

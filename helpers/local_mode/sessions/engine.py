@@ -356,16 +356,19 @@ class Engine:
         logprobs of the distribution sampled from (temperature, top-k, top-p applied). Blocks until
         its pass has run."""
         top_k = params.get("topK")
-        request = SampleRequest(
-            prompt=list(prompt),
-            num_samples=num_samples,
-            max_new_tokens=params["maxTokens"],
-            temperature=params.get("temperature", 1.0),
-            top_k=top_k if top_k and top_k > 0 else 0,
-            top_p=params.get("topP", 1.0),
-            seed=params.get("seed"),
-            stop=list(params.get("stop") or []),
-        )
+        try:
+            request = SampleRequest(
+                prompt=list(prompt),
+                num_samples=num_samples,
+                max_new_tokens=params["maxTokens"],
+                temperature=params.get("temperature", 1.0),
+                top_k=top_k if top_k and top_k > 0 else 0,  # Tinker's -1: no top-k
+                top_p=params.get("topP", 1.0),
+                seed=params.get("seed"),
+                stop=list(params.get("stop") or []),
+            )
+        except ValueError as error:
+            raise InputError(f"samplingParams: {error}") from None
         return [
             {
                 "tokens": s.tokens,
