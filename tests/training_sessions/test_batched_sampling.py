@@ -164,3 +164,18 @@ def test_bad_sampling_settings_are_refused_before_they_join_a_pass(session_engin
     with pytest.raises(engine_module.InputError, match=message):
         session_engine.sample(PROMPT, 2, params)
     assert session_engine.sampling.passes == passes and not session_engine.sampling.pending
+
+
+def test_a_saved_adapter_is_merged_once_and_samples_as_its_lora_layers_do(session_engine):
+    from peft import get_peft_model_state_dict
+
+    saved = {name: tensor.clone() for name, tensor in get_peft_model_state_dict(session_engine.model).items()}
+    through_lora = session_engine.sample(PROMPT, 3, SEEDED)  # the engine's own adapter, unmerged
+    merges = session_engine.merges
+    merged = session_engine.sample(PROMPT, 3, SEEDED, saved)
+    again = session_engine.sample([9, 9], 2, SEEDED, saved)  # the same saved sampler, another pass
+    assert session_engine.merges == merges + 1 and len(again) == 2
+    assert tokens(merged) == tokens(through_lora)
+    for a, b in zip(through_lora, merged, strict=True):
+        torch.testing.assert_close(torch.tensor(b["logprobs"]), torch.tensor(a["logprobs"]), rtol=1e-4, atol=1e-4)
+    assert tokens(session_engine.sample(PROMPT, 3, SEEDED)) == tokens(through_lora)  # its adapter is untouched

@@ -20,6 +20,7 @@ where the two differ:
 from __future__ import annotations
 
 import contextlib
+import copy
 import io
 import math
 import sys
@@ -173,6 +174,18 @@ def tensor_to_wire(values: torch.Tensor) -> dict:
 # --------------------------------------------------------------------------- the engine
 
 
+def _set_peft_state(model, state: dict[str, torch.Tensor]) -> None:
+    from peft import set_peft_model_state_dict
+
+    result = set_peft_model_state_dict(model, state)
+    missing = [k for k in getattr(result, "missing_keys", []) if "lora_" in k]
+    if missing:
+        raise InputError(
+            f"The saved adapter lacks {len(missing)} LoRA tensors (first: {missing[0]}): it was "
+            "saved from a session with another base model."
+        )
+
+
 _MODEL_LOADING = threading.Lock()
 
 
@@ -200,6 +213,8 @@ class Engine:
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
         self.stop_ids = default_stop_ids(self.model, self.tokenizer)
         self.sampling = SamplingQueue(self)
+        self.merged_sampler: tuple[dict, torch.nn.Module] | None = None  # (saved adapter, merged copy)
+        self.merges = 0
 
     def _new_optimizer(self):
         a_params = [p for n, p in self.named_trainable if "lora_B" not in n]
@@ -285,16 +300,8 @@ class Engine:
 
     def load_adapter_from_peft(self, state: dict[str, torch.Tensor]) -> None:
         """Weights as ``save_pretrained`` wrote them (adapter_model.safetensors)."""
-        from peft import set_peft_model_state_dict
-
         with self.lock:
-            result = set_peft_model_state_dict(self.model, state)
-            missing = [k for k in getattr(result, "missing_keys", []) if "lora_" in k]
-            if missing:
-                raise InputError(
-                    f"The saved adapter lacks {len(missing)} LoRA tensors (first: {missing[0]}): it was "
-                    "saved from a session with another base model."
-                )
+            _set_peft_state(self.model, state)
 
     def reset_optimizer(self) -> None:
         with self.lock:
@@ -317,8 +324,6 @@ class Engine:
             self.step = payload["step"]
 
     def merged_state(self) -> dict[str, torch.Tensor]:
-        import copy
-
         with self.lock:  # merged into a copy: the session keeps training its adapter
             merged = copy.deepcopy(self.model).merge_and_unload()
             return {k: v.detach().contiguous() for k, v in merged.state_dict().items()}
@@ -342,6 +347,26 @@ class Engine:
                     yield
                 finally:
                     self.load_adapter(current)
+
+    @contextlib.contextmanager
+    def sampling_model(self, adapter):
+        """The model a sampling pass runs, under the engine's lock. A saved adapter is merged into a
+        copy of the model once, at its first pass, and the copy kept until another saved adapter is
+        sampled: a loop samples each saved sampler in many passes, and the merged model samples
+        faster than the LoRA layers (docs/BENCHMARKS.md). The base model and this engine's own
+        adapter (a saved package's own engine) run as they are."""
+        with self.lock:
+            if adapter is None or adapter is OWN_ADAPTER:
+                with self.weights(adapter):
+                    yield self.model
+            else:
+                if self.merged_sampler is None or self.merged_sampler[0] is not adapter:
+                    self.merged_sampler = None  # the previous copy's memory goes before the next is built
+                    model = copy.deepcopy(self.model)
+                    _set_peft_state(model, adapter)
+                    self.merged_sampler = (adapter, model.merge_and_unload().eval())
+                    self.merges += 1
+                yield self.merged_sampler[1]
 
     def compute_logprobs(self, tokens: list[int], adapter=OWN_ADAPTER) -> list[float | None]:
         with self.weights(adapter), torch.no_grad():
@@ -439,8 +464,8 @@ class SamplingQueue:
     def _run(self, batch: list[tuple[SampleRequest, object, Future]]) -> None:
         engine = self.engine
         try:
-            with engine.weights(batch[0][1]):
-                answers = sample_requests(engine.model, engine.tokenizer, [r for r, _, _ in batch], engine.stop_ids)
+            with engine.sampling_model(batch[0][1]) as model:
+                answers = sample_requests(model, engine.tokenizer, [r for r, _, _ in batch], engine.stop_ids)
             self.passes += 1
         except Exception as error:  # noqa: BLE001 - each caller's operation reports it
             for _, _, future in batch:
