@@ -12,9 +12,9 @@ figures are sampling and not HTTP), for each model:
     after another do not interact, so one sweep over the 16 requests gives the figure for the
     first 1, 4 and 16 of them (their tokens over their summed times);
   * **LoRA unmerged vs merged**: at 1 and 16 in flight, sampling through the adapter (peft's LoRA
-    layers, what the engine does) against a copy of the model with the adapter merged into its
-    weights (``merge_and_unload``, what merging once per saved sampler would do), with the merge's
-    own time beside it.
+    layers) against a copy of the model with the adapter merged into its weights
+    (``merge_and_unload``, what the engine does once per saved sampler: ``Engine.sampling_model``),
+    with the merge's own time beside it.
 Completion tokens per second (the stop token counted, padding not). Every figure is the median
 of ``rounds`` runs, with the runs' min-max spread and the load average (1 min) over them, since
 the machine is shared. One torch thread, as the other CPU benchmarks.
