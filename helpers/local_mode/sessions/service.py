@@ -618,7 +618,7 @@ class SessionService:
         package = self._package(config["modelPackageArn"]) if config.get("modelPackageArn") else None
         adapter = self._adapter_of(package) if package is not None else None  # None: the base model
         if package is not None and package["_lora"]["Rank"] != live.detail["LoraConfig"]["Rank"]:
-            engine, adapter = self._package_engine(live, package), engine_module.OWN_ADAPTER  # its own model
+            engine = self._package_engine(live, package)  # another rank: its own model, cached
         tokens = engine_module.model_input_tokens(config["prompt"], "prompt")
         if operation.kind == "computeLogprobs":
             return {"logprobs": engine.compute_logprobs(tokens, adapter)}, {"PrefillTokenCount": len(tokens)}
