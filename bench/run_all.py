@@ -148,7 +148,7 @@ def sampling_rows(quick: bool) -> list[Row]:
     from bench import training_sessions_sampling
 
     models = ["tiny"] if quick else ["tiny", "smollm2"]  # smollm2 is skipped when its wheel is not installed
-    return training_sessions_sampling.measure(models, rounds=1 if quick else 3)
+    return training_sessions_sampling.measure(models, rounds=1 if quick else 2)
 
 
 RUNNERS = {
