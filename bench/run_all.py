@@ -6,6 +6,8 @@ Sections, each in its own process so each peak RSS is its own:
   local_mode  time to the script's first line and job overhead (``bench.local_mode_overhead``)
   sandbox     judged tests per second (``bench.sandbox_throughput``)
   sessions    training sessions through the SDK v3 vs in-process (``bench.training_sessions``)
+  sampling    session sampling tokens/s at 1, 4, 16 requests in flight, batched vs one at a time,
+              LoRA unmerged vs merged; tiny and SmolLM2 when installed (``bench.training_sessions_sampling``)
   time_to_quality  GRPO to a held-out target: grpo.py, LoRA, the session, TRL (``bench.time_to_quality``)
   tinker_peer the session service vs SkyRL's Tinker API server (``bench.tinker_peer``)
 Every training and generation run uses one torch thread (see ``bench.train_steps``).
@@ -34,7 +36,7 @@ from pathlib import Path
 from bench.fixtures import BENCH_OUTPUT, REPO_ROOT
 from bench.tables import Row, format_table, machine_description, median
 
-SECTIONS = ("steps", "generation", "local_mode", "sandbox", "sessions", "time_to_quality", "tinker_peer")
+SECTIONS = ("steps", "generation", "local_mode", "sandbox", "sessions", "sampling", "time_to_quality", "tinker_peer")
 
 
 def steps_rows(quick: bool) -> list[Row]:
@@ -144,6 +146,13 @@ def sessions_rows(quick: bool) -> list[Row]:
     return training_sessions.measure(["tiny"] if quick else ["tiny", "small"], steps=3 if quick else 10)
 
 
+def sampling_rows(quick: bool) -> list[Row]:
+    from bench import training_sessions_sampling
+
+    models = ["tiny"] if quick else ["tiny", "smollm2"]  # smollm2 is skipped when its wheel is not installed
+    return training_sessions_sampling.measure(models, rounds=1 if quick else 2)
+
+
 def time_to_quality_rows(quick: bool) -> list[Row]:
     from bench import time_to_quality
 
@@ -162,6 +171,7 @@ RUNNERS = {
     "local_mode": local_mode_rows,
     "sandbox": sandbox_rows,
     "sessions": sessions_rows,
+    "sampling": sampling_rows,
     "time_to_quality": time_to_quality_rows,
     "tinker_peer": tinker_peer_rows,
 }

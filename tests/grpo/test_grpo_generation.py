@@ -63,3 +63,32 @@ def test_logprobs_of_left_padded_prompts_equal_unpadded(tiny_model_path):
             ids = torch.tensor([prompt + completion])
             alone = grpo.completion_logprobs(model, ids, torch.ones_like(ids), len(completion), 0.8)[0]
             torch.testing.assert_close(batched[row, : len(completion)], alone, rtol=1e-5, atol=1e-5)
+
+
+def test_each_request_samples_from_its_own_generator_alone_or_batched(tiny_model_path):
+    """``sample_requests``, the service's sampler, here on this environment's transformers too: a
+    seeded request's samples do not depend on what else is in its batch, nor on the global seed."""
+    model, tokenizer = load(tiny_model_path)
+    stop_ids = generation.default_stop_ids(model, tokenizer)
+    ours = generation.SampleRequest([5, 6, 7, 8], num_samples=2, max_new_tokens=10, seed=4)
+    others = [
+        generation.SampleRequest([9] * 9, num_samples=3, max_new_tokens=16, temperature=0.7, top_p=0.9, seed=1),
+        generation.SampleRequest([3], num_samples=1, max_new_tokens=4, top_k=5, seed=2),
+        generation.SampleRequest([7, 7], num_samples=1, max_new_tokens=12, temperature=0.0),
+    ]
+    torch.manual_seed(0)
+    (alone,) = generation.sample_requests(model, tokenizer, [ours], stop_ids)
+    torch.manual_seed(1)
+    batched = generation.sample_requests(model, tokenizer, [others[0], ours, *others[1:]], stop_ids)
+    assert [s.tokens for s in batched[1]] == [s.tokens for s in alone]
+    assert alone[0].tokens != alone[1].tokens  # sampled: the two rows drew differently
+    for a, b in zip(alone, batched[1], strict=True):
+        torch.testing.assert_close(torch.tensor(b.logprobs), torch.tensor(a.logprobs), rtol=1e-4, atol=1e-4)
+    assert [len(s.tokens) for s in batched[2]] == [4]  # each request's own token limit
+    assert all(len(s.tokens) == 16 or s.stop_reason == "stop" for s in batched[0])
+    # The log-probs are those of the distribution drawn from: temperature and top-k applied.
+    (top5,) = generation.sample_requests(model, tokenizer, [others[1]], stop_ids)
+    with torch.no_grad():
+        logits = model(torch.tensor([[3]])).logits[0, -1]
+    allowed = torch.log_softmax(torch.topk(logits, 5).values, -1)
+    assert any(abs(top5[0].logprobs[0] - value) < 1e-4 for value in allowed.tolist())

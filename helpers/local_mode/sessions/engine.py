@@ -19,19 +19,24 @@ where the two differ:
 
 from __future__ import annotations
 
+import contextlib
+import copy
 import io
 import math
 import sys
 import threading
+import time
+from concurrent.futures import Future
 from pathlib import Path
 
 import torch
 
 REPO = Path(__file__).resolve().parents[3]
 if str(REPO / "scripts") not in sys.path:
-    sys.path.insert(0, str(REPO / "scripts"))  # the scripts' padding helper, imported rather than copied
+    sys.path.insert(0, str(REPO / "scripts"))  # the scripts' padding and generation, imported rather than copied
 
 from common.data import pad_rows  # noqa: E402
+from common.generation import SampleRequest, default_stop_ids, sample_requests  # noqa: E402
 
 LOSS_INPUTS = {
     "cross_entropy": ("target_tokens", "weights"),
@@ -49,6 +54,9 @@ DTYPES = {
     "int64": torch.int64,
 }
 MICRO_BATCH = 16  # datums per padded forward pass
+MAX_SAMPLE_ROWS = 64  # samples per shared generation pass: bounds the KV cache's memory
+OWN_ADAPTER = object()  # ``Engine.weights``: the adapter the engine holds, as it is
+GATHER_SECONDS = 0.01  # how long a sampling pass waits for more requests after the last one arrived
 
 
 class InputError(ValueError):
@@ -166,12 +174,24 @@ def tensor_to_wire(values: torch.Tensor) -> dict:
 # --------------------------------------------------------------------------- the engine
 
 
+def _set_peft_state(model, state: dict[str, torch.Tensor]) -> None:
+    from peft import set_peft_model_state_dict
+
+    result = set_peft_model_state_dict(model, state)
+    missing = [k for k in getattr(result, "missing_keys", []) if "lora_" in k]
+    if missing:
+        raise InputError(
+            f"The saved adapter lacks {len(missing)} LoRA tensors (first: {missing[0]}): it was "
+            "saved from a session with another base model."
+        )
+
+
 _MODEL_LOADING = threading.Lock()
 
 
 class Engine:
-    """Base model + LoRA adapter on every linear layer, AdamW, sampling. Not thread-safe by itself:
-    the service runs one operation at a time on it (``lock``)."""
+    """Base model + LoRA adapter on every linear layer, AdamW, sampling. One operation at a time runs
+    on the model (``lock``); sample requests wait in ``sampling`` and run in shared passes."""
 
     def __init__(self, model_dir: str, rank: int, alpha: int, seed: int = 0):
         from peft import LoraConfig, get_peft_model
@@ -191,6 +211,10 @@ class Engine:
         self.optimizer = self._new_optimizer()
         self.step = 0
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
+        self.stop_ids = default_stop_ids(self.model, self.tokenizer)
+        self.sampling = SamplingQueue(self)
+        self.merged_sampler: tuple[dict, torch.nn.Module] | None = None  # (saved adapter, merged copy)
+        self.merges = 0
 
     def _new_optimizer(self):
         a_params = [p for n, p in self.named_trainable if "lora_B" not in n]
@@ -276,16 +300,8 @@ class Engine:
 
     def load_adapter_from_peft(self, state: dict[str, torch.Tensor]) -> None:
         """Weights as ``save_pretrained`` wrote them (adapter_model.safetensors)."""
-        from peft import set_peft_model_state_dict
-
         with self.lock:
-            result = set_peft_model_state_dict(self.model, state)
-            missing = [k for k in getattr(result, "missing_keys", []) if "lora_" in k]
-            if missing:
-                raise InputError(
-                    f"The saved adapter lacks {len(missing)} LoRA tensors (first: {missing[0]}): it was "
-                    "saved from a session with another base model."
-                )
+            _set_peft_state(self.model, state)
 
     def reset_optimizer(self) -> None:
         with self.lock:
@@ -308,95 +324,152 @@ class Engine:
             self.step = payload["step"]
 
     def merged_state(self) -> dict[str, torch.Tensor]:
-        import copy
-
         with self.lock:  # merged into a copy: the session keeps training its adapter
             merged = copy.deepcopy(self.model).merge_and_unload()
             return {k: v.detach().contiguous() for k, v in merged.state_dict().items()}
 
     # ---- sampling and scoring
-    def adapter_enabled(self, enabled: bool):
-        """A context in which the model is the base model alone (enabled=False) or with the adapter."""
-        import contextlib
+    @contextlib.contextmanager
+    def weights(self, adapter):
+        """The model, while the context lasts and under the engine's lock, as ``adapter`` says: ``None``
+        the base model alone, ``OWN_ADAPTER`` the adapter this engine holds, or a saved adapter's
+        tensors (as ``save_pretrained`` wrote them) swapped in, the engine's own put back after."""
+        with self.lock:
+            if adapter is None:
+                with self.model.disable_adapter():
+                    yield
+            elif adapter is OWN_ADAPTER:
+                yield
+            else:
+                current = self.adapter_state()
+                self.load_adapter_from_peft(adapter)
+                try:
+                    yield
+                finally:
+                    self.load_adapter(current)
 
-        return contextlib.nullcontext() if enabled else self.model.disable_adapter()
+    @contextlib.contextmanager
+    def sampling_model(self, adapter):
+        """The model a sampling pass runs, under the engine's lock. A saved adapter is merged into a
+        copy of the model once, at its first pass, and the copy kept until another saved adapter is
+        sampled: a loop samples each saved sampler in many passes, and the merged model samples
+        faster than the LoRA layers (docs/BENCHMARKS.md). The base model and this engine's own
+        adapter (a saved package's own engine) run as they are."""
+        with self.lock:
+            if adapter is None or adapter is OWN_ADAPTER:
+                with self.weights(adapter):
+                    yield self.model
+            else:
+                if self.merged_sampler is None or self.merged_sampler[0] is not adapter:
+                    self.merged_sampler = None  # the previous copy's memory goes before the next is built
+                    model = copy.deepcopy(self.model)
+                    _set_peft_state(model, adapter)
+                    self.merged_sampler = (adapter, model.merge_and_unload().eval())
+                    self.merges += 1
+                yield self.merged_sampler[1]
 
-    def compute_logprobs(self, tokens: list[int]) -> list[float | None]:
-        with self.lock, torch.no_grad():
+    def compute_logprobs(self, tokens: list[int], adapter=OWN_ADAPTER) -> list[float | None]:
+        with self.weights(adapter), torch.no_grad():
             if len(tokens) == 1:
                 return [None]
             (lp,) = self._logprobs([tokens[:-1]], [torch.tensor(tokens[1:])])
             return [None] + lp.tolist()
 
-    def sample(self, prompt: list[int], num_samples: int, params: dict) -> list[dict]:
-        """Every sample of the call in one batched generate (KV cache); per-token logprobs of the
-        distribution sampled from (temperature, top-k, top-p applied)."""
-        with self.lock, torch.no_grad():
-            return generate_samples(self.model, self.tokenizer, prompt, num_samples, params)
-
-
-def generate_samples(model, tokenizer, prompt: list[int], num_samples: int, params: dict) -> list[dict]:
-    from transformers import GenerationConfig
-
-    temperature = params.get("temperature", 1.0)
-    greedy = temperature == 0
-    eos = model.generation_config.eos_token_id
-    eos = eos if isinstance(eos, list) else [eos] if eos is not None else []
-    stop_ids = sorted(set(eos) | ({tokenizer.eos_token_id} if tokenizer.eos_token_id is not None else set()))
-    settings = dict(
-        max_new_tokens=params["maxTokens"],
-        eos_token_id=stop_ids,
-        do_sample=not greedy,
-        pad_token_id=tokenizer.pad_token_id,
-        repetition_penalty=1.0,
-    )
-    if not greedy:
+    def sample(self, prompt: list[int], num_samples: int, params: dict, adapter=OWN_ADAPTER) -> list[dict]:
+        """``num_samples`` samples of ``prompt`` with the weights ``adapter`` names (see ``weights``),
+        in a generation pass shared with the other requests in flight on this engine; per-token
+        logprobs of the distribution sampled from (temperature, top-k, top-p applied). Blocks until
+        its pass has run."""
         top_k = params.get("topK")
-        settings.update(
-            temperature=temperature, top_k=top_k if top_k and top_k > 0 else 0, top_p=params.get("topP", 1.0)
-        )
-    if params.get("stop"):
-        settings["stop_strings"] = params["stop"]
-    if params.get("seed") is not None:
-        torch.manual_seed(params["seed"])
-    input_ids = torch.tensor([prompt] * num_samples)
-    # As grpo.py's generator does: our settings replace the model card's for the call (on the base
-    # model, whose generate() peft calls), so nothing unset is filled in from it.
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    saved = base.generation_config
-    base.generation_config = GenerationConfig(**settings)
-    try:
-        out = model.generate(
-            input_ids=input_ids,
-            attention_mask=torch.ones_like(input_ids),
-            output_scores=True,
-            return_dict_in_generate=True,
-            tokenizer=tokenizer if params.get("stop") else None,
-        )
-    finally:
-        base.generation_config = saved
-    new = out.sequences[:, len(prompt) :]
-    logprobs = torch.stack([torch.log_softmax(s.float(), dim=-1) for s in out.scores], dim=1)
-    picked = logprobs.gather(-1, new.unsqueeze(-1)).squeeze(-1)
-    samples = []
-    for row in range(num_samples):
-        ids = new[row].tolist()
-        end = next((i + 1 for i, t in enumerate(ids) if t in stop_ids), None)
-        reason = "stop" if end is not None else "length"
-        if end is None and params.get("stop"):
-            text = ""
-            for i, t in enumerate(ids):
-                text += tokenizer.decode([t])
-                if any(s in text for s in params["stop"]):
-                    end, reason = i + 1, "stop"
-                    break
-        ids = ids[:end] if end is not None else ids
-        samples.append(
+        try:
+            request = SampleRequest(
+                prompt=list(prompt),
+                num_samples=num_samples,
+                max_new_tokens=params["maxTokens"],
+                temperature=params.get("temperature", 1.0),
+                top_k=top_k if top_k and top_k > 0 else 0,  # Tinker's -1: no top-k
+                top_p=params.get("topP", 1.0),
+                seed=params.get("seed"),
+                stop=list(params.get("stop") or []),
+            )
+        except ValueError as error:
+            raise InputError(f"samplingParams: {error}") from None
+        return [
             {
-                "tokens": ids,
-                "logprobs": picked[row, : len(ids)].tolist(),
-                "stopReason": reason,
-                "tokenUsage": {"prefill": len(prompt), "decode": len(ids)},
+                "tokens": s.tokens,
+                "logprobs": s.logprobs,
+                "stopReason": s.stop_reason,
+                "tokenUsage": {"prefill": len(prompt), "decode": len(s.tokens)},
             }
-        )
-    return samples
+            for s in self.sampling.submit(request, adapter)
+        ]
+
+
+class SamplingQueue:
+    """Sample requests in flight on one engine, served in shared generation passes.
+
+    A loop sends a step's groups at once, one request per problem. Each caller waits on its own
+    future; one worker thread at a time takes every request waiting for the same weights (up to
+    ``MAX_SAMPLE_ROWS`` samples), runs them as one batched ``generate`` (``common.generation.
+    sample_requests``: each request keeps its own settings and seed), and answers each. Requests that
+    arrive while a pass runs, or while the model runs a training operation, join the next pass."""
+
+    def __init__(self, engine: Engine):
+        self.engine = engine
+        self.cond = threading.Condition()
+        self.pending: list[tuple[SampleRequest, object, Future]] = []
+        self.last_arrival = 0.0
+        self.worker: threading.Thread | None = None
+        self.passes = 0  # generation passes run: N requests in flight should take far fewer than N
+
+    def submit(self, request: SampleRequest, adapter) -> list:
+        future = Future()
+        with self.cond:
+            self.pending.append((request, adapter, future))
+            self.last_arrival = time.monotonic()
+            self.cond.notify_all()
+            if self.worker is None:
+                self.worker = threading.Thread(target=self._serve, name="sampling-passes", daemon=True)
+                self.worker.start()
+        return future.result()
+
+    def _serve(self) -> None:
+        while True:
+            with self.engine.lock:  # the model is free: what waits now goes in this pass
+                with self.cond:
+                    # A loop's requests reach the service over HTTP a few milliseconds apart: gather
+                    # them until none has arrived for GATHER_SECONDS.
+                    while (quiet := time.monotonic() - self.last_arrival) < GATHER_SECONDS:
+                        self.cond.wait(GATHER_SECONDS - quiet)
+                    if not self.pending:
+                        self.worker = None
+                        return
+                    batch = self._take()
+                self._run(batch)
+
+    def _take(self) -> list[tuple[SampleRequest, object, Future]]:
+        """The first waiting request and those after it on the same weights, up to MAX_SAMPLE_ROWS."""
+        adapter = self.pending[0][1]
+        batch, rest, rows = [], [], 0
+        for entry in self.pending:
+            fits = not batch or rows + entry[0].num_samples <= MAX_SAMPLE_ROWS
+            if entry[1] is adapter and fits:
+                batch.append(entry)
+                rows += entry[0].num_samples
+            else:
+                rest.append(entry)
+        self.pending = rest
+        return batch
+
+    def _run(self, batch: list[tuple[SampleRequest, object, Future]]) -> None:
+        engine = self.engine
+        try:
+            with engine.sampling_model(batch[0][1]) as model:
+                answers = sample_requests(model, engine.tokenizer, [r for r, _, _ in batch], engine.stop_ids)
+            self.passes += 1
+        except Exception as error:  # noqa: BLE001 - each caller's operation reports it
+            for _, _, future in batch:
+                future.set_exception(error)
+        else:
+            for (_, _, future), samples in zip(batch, answers, strict=True):
+                future.set_result(samples)

@@ -73,7 +73,6 @@ class LiveSession:
         self.cond = threading.Condition()
         self.closed = False
         self.last_activity = time.time()
-        self.sampling_lock = threading.Lock()
         self.package_engines: dict[str, engine_module.Engine] = {}
         threading.Thread(target=self._run_training, name=f"session-{self.name}", daemon=True).start()
 
@@ -148,8 +147,8 @@ class LiveSession:
                 self.next_sequence += 1
 
     def _run_sampling(self, operation: Operation) -> None:
-        with self.sampling_lock:
-            self._execute(operation, self.runtime.run_sampling_operation)
+        # Not one at a time: the engine's sampling queue runs the requests in flight in shared passes.
+        self._execute(operation, self.runtime.run_sampling_operation)
 
     def _execute(self, operation: Operation, run) -> None:
         operation.status = "InProgress"
@@ -284,30 +283,21 @@ class Runtime:
             self._adapter_of(self.control_plane.package(config["modelPackageArn"]))
             return {}, {}
         package = self.control_plane.package(config["modelPackageArn"]) if config.get("modelPackageArn") else None
-        swap = package is not None
-        if swap and package["_lora"]["Rank"] != live.detail["LoraConfig"]["Rank"]:
-            engine, swap = self._package_engine(live, package), False  # another rank: its own model, cached
+        adapter = self._adapter_of(package) if package is not None else None  # None: the base model
+        if package is not None and package["_lora"]["Rank"] != live.detail["LoraConfig"]["Rank"]:
+            engine = self._package_engine(live, package)  # another rank: its own model, cached
         tokens = engine_module.model_input_tokens(config["prompt"], "prompt")
-        with engine.lock:
-            current = engine.adapter_state() if swap else None
-            try:
-                if swap:
-                    engine.load_adapter_from_peft(self._adapter_of(package))
-                with engine.adapter_enabled(package is not None):
-                    if operation.kind == "computeLogprobs":
-                        return {"logprobs": engine.compute_logprobs(tokens)}, {"PrefillTokenCount": len(tokens)}
-                    samples = engine.sample(tokens, config["numSamples"], config["samplingParams"])
-                    result = {"sequences": samples}
-                    if config.get("includePromptLogprobs"):
-                        result["promptLogprobs"] = engine.compute_logprobs(tokens)
-                usage = {
-                    "PrefillTokenCount": len(tokens) * config["numSamples"],
-                    "SampleTokenCount": sum(len(s["tokens"]) for s in samples),
-                }
-                return result, usage
-            finally:
-                if swap:
-                    engine.load_adapter(current)
+        if operation.kind == "computeLogprobs":
+            return {"logprobs": engine.compute_logprobs(tokens, adapter)}, {"PrefillTokenCount": len(tokens)}
+        samples = engine.sample(tokens, config["numSamples"], config["samplingParams"], adapter)
+        result = {"sequences": samples}
+        if config.get("includePromptLogprobs"):
+            result["promptLogprobs"] = engine.compute_logprobs(tokens, adapter)
+        usage = {
+            "PrefillTokenCount": len(tokens) * config["numSamples"],
+            "SampleTokenCount": sum(len(s["tokens"]) for s in samples),
+        }
+        return result, usage
 
     def _package_engine(self, live: LiveSession, package: dict) -> engine_module.Engine:
         cached = live.package_engines.get(package["ModelPackageArn"])
