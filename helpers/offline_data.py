@@ -30,8 +30,16 @@ from __future__ import annotations
 
 import json
 import random
+import sys
 from collections.abc import Callable, Iterable
 from pathlib import Path
+
+SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
+if str(SCRIPTS) not in sys.path:
+    sys.path.insert(0, str(SCRIPTS))  # the environments: SFT data asks exactly as the RL rewards ask
+
+from environments.code import CodeEnvironment  # noqa: E402
+from environments.gsm8k import SYSTEM_PROMPT, GSM8KEnvironment  # noqa: E402
 
 NAMES = [
     "Natalia",
@@ -52,8 +60,6 @@ NAMES = [
     "Sam",
 ]
 ITEMS = ["apples", "pencils", "stickers", "cookies", "marbles", "books", "cards", "shells"]
-
-SYSTEM_PROMPT = "You are a helpful assistant. Solve the problem step by step and end with '#### <answer>'."
 
 
 # --------------------------------------------------------------------------- GSM8K style
@@ -270,15 +276,21 @@ def _worded_chat_records(n: int, seed: int) -> list[dict]:
     for i in range(n):
         if i % 4 == 3:
             user, assistant = rng.choice(_SMALL_TALK)
-            records.append(_conversation(None, user, assistant))
+            records.append(_small_talk(user, assistant))
         else:
-            records.append(_conversation(SYSTEM_PROMPT, problems[i]["question"], solution_text(problems[i]["answer"])))
+            records.append(
+                _answered(GSM8KEnvironment().prompt_messages(problems[i]), solution_text(problems[i]["answer"]))
+            )
     return records
 
 
-def _conversation(system: str | None, user: str, assistant: str) -> dict:
-    messages = [{"role": "system", "content": system}] if system else []
-    return {"messages": messages + [{"role": "user", "content": user}, {"role": "assistant", "content": assistant}]}
+def _answered(messages: list[dict], assistant: str) -> dict:
+    """A conversation: ``messages`` (as an environment asks, or one user turn) and the answer."""
+    return {"messages": messages + [{"role": "assistant", "content": assistant}]}
+
+
+def _small_talk(user: str, assistant: str) -> dict:
+    return _answered([{"role": "user", "content": user}], assistant)
 
 
 def chat_records(n: int, seed: int = 0) -> list[dict]:
@@ -293,15 +305,15 @@ def chat_records(n: int, seed: int = 0) -> list[dict]:
         kind = i % 8
         if kind in (0, 2, 4, 6):
             problem = next(easy)
-            records.append(_conversation(SYSTEM_PROMPT, problem["question"], solution_text(problem["answer"])))
+            records.append(_answered(GSM8KEnvironment().prompt_messages(problem), solution_text(problem["answer"])))
         elif kind in (1, 5):
             problem = next(code)
-            records.append(_conversation(CODE_SYSTEM_PROMPT, code_prompt(problem), code_solution(problem)))
+            records.append(_answered(CodeEnvironment().prompt_messages(problem), code_solution(problem)))
         elif kind == 3:
             records.append(next(r for r in worded if r["messages"][0]["role"] == "system"))
         else:
             user, assistant = _SMALL_TALK[(i // 8) % len(_SMALL_TALK)]
-            records.append(_conversation(None, user, assistant))
+            records.append(_small_talk(user, assistant))
     return records
 
 
@@ -378,17 +390,6 @@ def _code_add_function(rng: random.Random, idx: int) -> dict:
 
 CODE_TEMPLATES = [_code_sum_two, _code_max_list, _code_reverse, _code_average, _code_add_function]
 
-# How the code environment (scripts/environments/code.py) asks; a test checks the two agree.
-CODE_SYSTEM_PROMPT = (
-    "You are an expert competitive programmer. Solve the problem in Python 3. Think briefly, then "
-    "give the complete solution in one ```python code block."
-)
-_STDIN_TASK = "Read the input from standard input and print the answer to standard output."
-_FUNCTIONAL_TASK = (
-    "Write a Python function `{fn_name}` (a plain function, or a method of `class Solution`); it is "
-    "called with the test's arguments and its return value is checked."
-)
-
 # A short correct program per template (the part of the id before its number).
 _CODE_SOLUTIONS = {
     "sum-two": "a, b = map(int, input().split())\nprint(a + b)",
@@ -397,12 +398,6 @@ _CODE_SOLUTIONS = {
     "average": "v = list(map(int, input().split()))\nprint(sum(v) / len(v))",
     "func": "def solve(a, b):\n    return a * b + a",
 }
-
-
-def code_prompt(problem: dict) -> str:
-    """The user message the code environment sends for ``problem``."""
-    task = _FUNCTIONAL_TASK.format(fn_name=problem["fn_name"]) if problem["testtype"] == "functional" else _STDIN_TASK
-    return f"{problem['statement']}\n\n{task}"
 
 
 def code_solution(problem: dict) -> str:

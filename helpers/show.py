@@ -6,7 +6,7 @@ code that runs), and any other stretch of a file by the first lines that open an
 
     show("scripts/grpo.py", "grpo_loss")             # a function
     show("scripts/sft.py", "main")                    # or a class, or "Class.method"
-    show("scripts/grpo.py", start="for step in", end="loss.backward()")
+    show("scripts/grpo.py", start="for step in", end="policy_update(")
 """
 
 from __future__ import annotations

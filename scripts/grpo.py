@@ -195,6 +195,89 @@ def grpo_loss(
     return loss, stats
 
 
+def rewards_of(
+    scores: list[dict], completions: list[str], env: Environment, format_reward_weight: float
+) -> list[float]:
+    """Each completion's reward: the environment's, plus ``format_reward_weight`` x its format reward."""
+    if len(scores) != len(completions):
+        raise RuntimeError(
+            f"{type(env).__name__}.score returned {len(scores)} scores for "
+            f"{len(completions)} completions; it must return one per completion."
+        )
+    return [s["reward"] + format_reward_weight * s.get("format_reward", 0.0) for s in scores]
+
+
+def logprobs_by_micro_batch(model, input_ids, attention_mask, micro_batches, num_tokens, temperature) -> torch.Tensor:
+    """``completion_logprobs`` of every row, computed one micro-batch at a time (no gradient)."""
+    return torch.cat(
+        [completion_logprobs(model, input_ids[mb], attention_mask[mb], num_tokens, temperature) for mb in micro_batches]
+    )
+
+
+def policy_update(
+    args: GRPOArgs,
+    learners: distributed.Learners,
+    model,
+    reference,
+    optimizer,
+    scheduler,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    mask: torch.Tensor,
+    advantages: torch.Tensor,
+) -> dict[str, float]:
+    """``--num_iterations`` optimizer updates on one batch of rollouts (prompt + completion rows;
+    ``mask`` marks the completion tokens), each accumulating the gradient over micro-batches of
+    ``--micro_batch_size`` rows and averaging it over the learners on the last one. Returns the
+    sums over the iterations of ``loss``, ``clipped_tokens``, ``kl`` and ``grad_norm``."""
+    epsilon_high = args.epsilon if args.epsilon_high is None else args.epsilon_high
+    num_tokens = mask.size(1)
+    micro_batches = [slice(i, i + args.micro_batch_size) for i in range(0, len(input_ids), args.micro_batch_size)]
+    # dapo divides by the update's token count over all learners (gradients are then averaged over them)
+    tokens_per_learner = float(distributed.all_reduce_sum(mask.sum(), learners)) / learners.world_size
+
+    # Log-probs before any update (the "old" policy of the ratio) and of the reference model, computed once.
+    model.train()  # the mode the updates run in, so old and new log-probs are computed alike
+    batch = (input_ids, attention_mask, micro_batches, num_tokens, args.temperature)
+    with torch.no_grad(), distributed.autocast(learners):
+        old_logprobs = logprobs_by_micro_batch(model, *batch) if args.num_iterations > 1 else None
+        ref_logprobs = logprobs_by_micro_batch(reference, *batch) if reference is not None else None
+
+    update = {"loss": 0.0, "clipped_tokens": 0.0, "kl": 0.0, "grad_norm": 0.0}
+    for _ in range(args.num_iterations):
+        for index, mb in enumerate(micro_batches):
+            last = index == len(micro_batches) - 1
+            with distributed.gradient_sync(model, enabled=last):  # gradients are averaged on the last one
+                with distributed.autocast(learners):
+                    logprobs = completion_logprobs(
+                        model, input_ids[mb], attention_mask[mb], num_tokens, args.temperature
+                    )
+                # With one update per batch the old policy is the current one: ratio = 1, gradient unchanged.
+                loss, stats = grpo_loss(
+                    logprobs,
+                    logprobs.detach() if old_logprobs is None else old_logprobs[mb],
+                    None if ref_logprobs is None else ref_logprobs[mb],
+                    advantages[mb],
+                    mask[mb],
+                    loss_type=args.loss_type,
+                    epsilon=args.epsilon,
+                    epsilon_high=epsilon_high,
+                    beta=args.beta,
+                    max_new_tokens=args.max_new_tokens,
+                    num_micro_batches=len(micro_batches),
+                    tokens_per_learner=tokens_per_learner,
+                )
+                loss.backward()
+            update["loss"] += loss.item()
+            update["clipped_tokens"] += stats["clipped_tokens"].item()
+            update["kl"] += stats["kl_sum"].item()
+        update["grad_norm"] += distributed.clip_grad_norm(model, args.max_grad_norm)
+        optimizer.step()
+        scheduler.step()
+        optimizer.zero_grad(set_to_none=True)
+    return update
+
+
 def environment_metrics(env: Environment, learners: distributed.Learners) -> dict[str, float]:
     """``env.step_metrics()`` (optional, see ``environments/__init__.py``) averaged over the learners.
     Called every step on every learner, also between logging steps, so each call covers one step."""
@@ -202,6 +285,79 @@ def environment_metrics(env: Environment, learners: distributed.Learners) -> dic
         return {}
     totals = distributed.reduce_sums(env.step_metrics(), learners)
     return {name: total / learners.world_size for name, total in totals.items()}
+
+
+def step_metrics(
+    args: GRPOArgs,
+    env: Environment,
+    learners: distributed.Learners,
+    scores: list[dict],
+    rewards: torch.Tensor,
+    attention_mask: torch.Tensor,
+    mask: torch.Tensor,
+    update: dict[str, float],
+    times: dict[str, float],
+    lr: float,
+) -> tuple[dict[str, float], float]:
+    """The step's metric record (TRL's names) and the tokens the step processed, over all learners.
+
+    This learner's ``scores`` and ``rewards``; ``attention_mask`` and ``mask`` (completion tokens) of
+    its prompt + completion rows; ``update``: the policy update's sums over its iterations (``loss``,
+    ``clipped_tokens``, ``kl``, ``grad_norm``); ``times``: its seconds per phase. Sums are taken over
+    the learners in one all-reduce, then turned into means. Called on every learner."""
+    correct = [float(s["correct"]) for s in scores if "correct" in s]
+    formats = [float(s["format_reward"]) for s in scores if "format_reward" in s]
+    totals = distributed.reduce_sums(
+        {
+            "completions": len(scores),
+            "reward": rewards.sum(),
+            "reward_squares": (rewards**2).sum(),
+            "judged": len(correct),
+            "correct": sum(correct),
+            "formatted": len(formats),
+            "format_reward": sum(formats),
+            "tokens": mask.sum(),
+            "sequence_tokens": attention_mask.sum(),
+            "groups": len(scores) // args.num_generations,
+            "zero_std_groups": (rewards.view(-1, args.num_generations).std(dim=1) == 0).sum(),
+            "loss": update["loss"] / args.num_iterations,
+            "clipped_tokens": update["clipped_tokens"],
+            "kl": update["kl"],
+            "grad_norm": update["grad_norm"] / args.num_iterations,
+            **times,
+        },
+        learners,
+    )
+    n = totals["completions"]
+    updated_tokens = totals["tokens"] * args.num_iterations
+    reward_mean = totals["reward"] / n
+    line = {
+        "reward": reward_mean,
+        "reward_std": math.sqrt(max(totals["reward_squares"] / n - reward_mean**2, 0.0) * n / max(n - 1, 1)),
+    }
+    if totals["judged"]:
+        line["accuracy"] = totals["correct"] / totals["judged"]
+    if totals["formatted"]:
+        line["format_reward"] = totals["format_reward"] / totals["formatted"]
+    if args.beta != 0.0:
+        line["kl"] = totals["kl"] / updated_tokens
+    line["clip_ratio"] = totals["clipped_tokens"] / updated_tokens
+    line["completion_length"] = totals["tokens"] / n
+    line["frac_reward_zero_std"] = totals["zero_std_groups"] / totals["groups"]
+    line["loss"] = totals["loss"] / learners.world_size
+    line["grad_norm"] = totals["grad_norm"] / learners.world_size
+    line["lr"] = lr
+    for name in times:
+        line[name] = totals[name] / learners.world_size
+    # The environment's own metrics (the code judge's verdict rates, ...) join the same record.
+    env_line = environment_metrics(env, learners)
+    if env_line.keys() & line.keys():
+        raise RuntimeError(
+            f"{type(env).__name__}.step_metrics returned {sorted(env_line.keys() & line.keys())}, "
+            "names the loop already logs; give them names of their own."
+        )
+    line.update(env_line)
+    return line, totals["sequence_tokens"]
 
 
 # --------------------------------------------------------------------------- the loop
@@ -215,10 +371,9 @@ def train(args: GRPOArgs, env: Environment, learners: distributed.Learners) -> b
     checkpoint was saved and the run resumes from it), True when training finished.
     """
     args.validate(learners.world_size)
-    epsilon_high = args.epsilon if args.epsilon_high is None else args.epsilon_high
     checkpoints.seed_everything(args.seed + learners.rank)  # learners sample different completions
 
-    # ---- model, reference model, optimizer, schedule
+    # ---- model, reference model, optimizer, schedule (one optimizer update per iteration)
     models.unpack_model_archive(learners)  # channel 'model' may be an earlier job's model.tar.gz
     model_path = models.resolve_model_path(args.model_name_or_path)
     tokenizer = models.load_tokenizer(model_path)
@@ -226,13 +381,11 @@ def train(args: GRPOArgs, env: Environment, learners: distributed.Learners) -> b
     reference = models.load_reference(model_path, learners, args.strategy) if args.beta != 0.0 else None
     model = models.prepare_for_training(policy, learners, args.strategy)
     optimizer = models.build_optimizer(model, args.learning_rate, args.weight_decay)
-    # One optimizer update per iteration: the schedule counts updates, the options count steps.
-    total_updates = args.max_steps * args.num_iterations
-    warmup_updates = args.warmup_steps * args.num_iterations
+    warmup, updates = args.warmup_steps * args.num_iterations, args.max_steps * args.num_iterations
     if args.lr_scheduler == "cosine":
-        scheduler = get_cosine_schedule_with_warmup(optimizer, warmup_updates, total_updates)
+        scheduler = get_cosine_schedule_with_warmup(optimizer, warmup, updates)
     else:
-        scheduler = get_constant_schedule_with_warmup(optimizer, warmup_updates)
+        scheduler = get_constant_schedule_with_warmup(optimizer, warmup)
 
     # ---- data, in a reproducible order that survives restarts
     examples = env.load(contract.channel_file("train", "train.jsonl"))
@@ -241,16 +394,13 @@ def train(args: GRPOArgs, env: Environment, learners: distributed.Learners) -> b
     prompts_per_learner = args.prompts_per_step // learners.world_size
 
     # ---- resume after a spot interruption: weights, optimizer, schedule, RNG and data position
+    checkpoint_dir = args.checkpoint_dir or contract.default_checkpoint_dir()
     checkpointer = checkpoints.Checkpointer(
-        args.checkpoint_dir or contract.default_checkpoint_dir(),
-        learners,
-        keep=args.keep_checkpoints,
-        background=args.checkpoint_in_background,
+        checkpoint_dir, learners, keep=args.keep_checkpoints, background=args.checkpoint_in_background
     )
     resumed = checkpointer.load_latest(model, optimizer, scheduler)
-    start_step = 0
+    start_step = 0 if resumed is None else resumed["step"]
     if resumed is not None:
-        start_step = resumed["step"]
         batch_order.load_state_dict(resumed["extra"]["batch_order"])
     # Sampling runs on the policy itself, so every update is in the next step's rollouts.
     generator = generation.HFGenerator(
@@ -261,183 +411,55 @@ def train(args: GRPOArgs, env: Environment, learners: distributed.Learners) -> b
     checkpoint_schedule = checkpoints.CheckpointSchedule(args.checkpoint_every, args.checkpoint_every_minutes)
     log.info(
         "GRPO: %d examples, %d prompts x %d completions per step, %d learner(s), steps %d..%d",
-        len(examples),
-        args.prompts_per_step,
-        args.num_generations,
-        learners.world_size,
-        start_step + 1,
+        *(len(examples), args.prompts_per_step, args.num_generations, learners.world_size, start_step + 1),
         args.max_steps,
     )
 
     for step in range(start_step + 1, args.max_steps + 1):
-        # ---- 1. this learner's prompts
+        # ---- 1. this learner's prompts, and 2. a group of completions per prompt
         indices = batch_order.next()[learners.rank * prompts_per_learner : (learners.rank + 1) * prompts_per_learner]
-
-        # ---- 2. a group of completions per prompt
         started = time.perf_counter()
         completion_ids, completion_texts = generator.generate([prompts[i] for i in indices], args.num_generations)
-        gen_time = time.perf_counter() - started
+        times = {"gen_time": time.perf_counter() - started}
 
         # ---- 3. rewards from the environment
         started = time.perf_counter()
-        group_examples = [examples[i] for i in indices for _ in range(args.num_generations)]
-        scores = env.score(group_examples, completion_texts)
-        if len(scores) != len(completion_texts):
-            raise RuntimeError(
-                f"{type(env).__name__}.score returned {len(scores)} scores for "
-                f"{len(completion_texts)} completions; it must return one per completion."
-            )
-        rewards = torch.tensor(
-            [s["reward"] + args.format_reward_weight * s.get("format_reward", 0.0) for s in scores],
-            dtype=torch.float32,
-            device=learners.device,
-        )
-        reward_time = time.perf_counter() - started
+        scores = env.score([examples[i] for i in indices for _ in range(args.num_generations)], completion_texts)
+        rewards = torch.tensor(rewards_of(scores, completion_texts, env, args.format_reward_weight))
+        times["reward_time"] = time.perf_counter() - started
 
         # ---- 4. group-relative advantages (a group never spans learners)
-        advantages = torch.tensor(
-            group_advantages(rewards.tolist(), args.num_generations, args.scale_rewards),
-            dtype=torch.float32,
-            device=learners.device,
-        )
+        advantages = group_advantages(rewards.tolist(), args.num_generations, args.scale_rewards)
+        advantages = torch.tensor(advantages, dtype=torch.float32, device=learners.device)
 
-        # ---- 5. the policy update
+        # ---- 5. the policy update on prompt + completion rows
         started = time.perf_counter()
         prompt_rows = [prompts[i] for i in indices for _ in range(args.num_generations)]
         prompt_ids, prompt_mask = data.pad_rows(prompt_rows, tokenizer.pad_token_id, left=True, device=learners.device)
-        completion_tensor, completion_mask = data.pad_rows(
+        completion_tensor, mask = data.pad_rows(
             completion_ids, tokenizer.pad_token_id, left=False, device=learners.device
         )
-        input_ids = torch.cat([prompt_ids, completion_tensor], dim=1)
-        attention_mask = torch.cat([prompt_mask, completion_mask], dim=1)
-        mask = completion_mask.float()
-        num_tokens = completion_tensor.size(1)
-        micro_batches = [
-            slice(i, i + args.micro_batch_size) for i in range(0, len(completion_ids), args.micro_batch_size)
-        ]
-        # dapo divides by the update's token count over all learners (gradients are then averaged over them)
-        tokens_per_learner = float(distributed.all_reduce_sum(mask.sum(), learners)) / learners.world_size
-
-        # Log-probs before any update (the "old" policy of the ratio) and of the reference model, computed once.
-        model.train()  # the mode the updates run in, so old and new log-probs are computed alike
-        old_logprobs = ref_logprobs = None
-        with torch.no_grad(), distributed.autocast(learners):
-            if args.num_iterations > 1:
-                old_logprobs = torch.cat(
-                    [
-                        completion_logprobs(model, input_ids[mb], attention_mask[mb], num_tokens, args.temperature)
-                        for mb in micro_batches
-                    ]
-                )
-            if reference is not None:
-                ref_logprobs = torch.cat(
-                    [
-                        completion_logprobs(reference, input_ids[mb], attention_mask[mb], num_tokens, args.temperature)
-                        for mb in micro_batches
-                    ]
-                )
-
-        loss_sum = clipped_tokens = kl_sum = grad_norm_sum = 0.0
-        for _ in range(args.num_iterations):
-            for index, mb in enumerate(micro_batches):
-                last = index == len(micro_batches) - 1
-                with distributed.gradient_sync(model, enabled=last):  # gradients are averaged on the last one
-                    with distributed.autocast(learners):
-                        logprobs = completion_logprobs(
-                            model, input_ids[mb], attention_mask[mb], num_tokens, args.temperature
-                        )
-                    # With one update per batch the old policy is the current one: ratio = 1, gradient unchanged.
-                    old = logprobs.detach() if old_logprobs is None else old_logprobs[mb]
-                    loss, stats = grpo_loss(
-                        logprobs,
-                        old,
-                        None if ref_logprobs is None else ref_logprobs[mb],
-                        advantages[mb],
-                        mask[mb],
-                        loss_type=args.loss_type,
-                        epsilon=args.epsilon,
-                        epsilon_high=epsilon_high,
-                        beta=args.beta,
-                        max_new_tokens=args.max_new_tokens,
-                        num_micro_batches=len(micro_batches),
-                        tokens_per_learner=tokens_per_learner,
-                    )
-                    loss.backward()
-                loss_sum += loss.item()
-                clipped_tokens += stats["clipped_tokens"].item()
-                kl_sum += stats["kl_sum"].item()
-            grad_norm_sum += distributed.clip_grad_norm(model, args.max_grad_norm)
-            optimizer.step()
-            scheduler.step()
-            optimizer.zero_grad(set_to_none=True)
-        train_time = time.perf_counter() - started
-
-        # ---- 6. metrics: sums over the learners, then means
-        correct = [float(s["correct"]) for s in scores if "correct" in s]
-        formats = [float(s["format_reward"]) for s in scores if "format_reward" in s]
-        totals = distributed.reduce_sums(
-            {
-                "completions": len(scores),
-                "reward": rewards.sum(),
-                "reward_squares": (rewards**2).sum(),
-                "judged": len(correct),
-                "correct": sum(correct),
-                "formatted": len(formats),
-                "format_reward": sum(formats),
-                "tokens": mask.sum(),
-                "sequence_tokens": attention_mask.sum(),
-                "groups": len(indices),
-                "zero_std_groups": (rewards.view(-1, args.num_generations).std(dim=1) == 0).sum(),
-                "loss": loss_sum / args.num_iterations,
-                "clipped_tokens": clipped_tokens,
-                "kl": kl_sum,
-                "grad_norm": grad_norm_sum / args.num_iterations,
-                "gen_time": gen_time,
-                "reward_time": reward_time,
-                "train_time": train_time,
-            },
-            learners,
+        input_ids, attention_mask = torch.cat([prompt_ids, completion_tensor], 1), torch.cat([prompt_mask, mask], 1)
+        mask = mask.float()
+        update = policy_update(
+            args, learners, model, reference, optimizer, scheduler, input_ids, attention_mask, mask, advantages
         )
-        n = totals["completions"]
-        updated_tokens = totals["tokens"] * args.num_iterations
-        reward_mean = totals["reward"] / n
-        line = {
-            "reward": reward_mean,
-            "reward_std": math.sqrt(max(totals["reward_squares"] / n - reward_mean**2, 0.0) * n / max(n - 1, 1)),
-        }
-        if totals["judged"]:
-            line["accuracy"] = totals["correct"] / totals["judged"]
-        if totals["formatted"]:
-            line["format_reward"] = totals["format_reward"] / totals["formatted"]
-        if args.beta != 0.0:
-            line["kl"] = totals["kl"] / updated_tokens
-        line["clip_ratio"] = totals["clipped_tokens"] / updated_tokens
-        line["completion_length"] = totals["tokens"] / n
-        line["frac_reward_zero_std"] = totals["zero_std_groups"] / totals["groups"]
-        line["loss"] = totals["loss"] / learners.world_size
-        line["grad_norm"] = totals["grad_norm"] / learners.world_size
-        line["lr"] = scheduler.get_last_lr()[0]
-        line["gen_time"] = totals["gen_time"] / learners.world_size
-        line["reward_time"] = totals["reward_time"] / learners.world_size
-        line["train_time"] = totals["train_time"] / learners.world_size
-        # The environment's own metrics (the code judge's verdict rates, ...) join the same record.
-        env_line = environment_metrics(env, learners)
-        if env_line.keys() & line.keys():
-            raise RuntimeError(
-                f"{type(env).__name__}.step_metrics returned {sorted(env_line.keys() & line.keys())}, "
-                "names the loop already logs; give them names of their own."
-            )
-        line.update(env_line)
-        logger.add_tokens(totals["sequence_tokens"])
+        times["train_time"] = time.perf_counter() - started
+
+        # ---- 6. metrics, over all learners
+        lr = scheduler.get_last_lr()[0]
+        line, sequence_tokens = step_metrics(
+            args, env, learners, scores, rewards, attention_mask, mask, update, times, lr
+        )
+        logger.add_tokens(sequence_tokens)
         if step % args.log_every == 0 or step == args.max_steps:
             logger.log(step, line)
 
         # ---- 7. checkpoints by steps/minutes; on SIGTERM save and stop (the restarted job resumes here)
-        stop = sigterm.should_stop(learners)
-        if stop or checkpoint_schedule.due(step, learners):
-            checkpointer.save(step, model, optimizer, scheduler, extra={"batch_order": batch_order.state_dict()})
-        if stop:
-            log.warning("stopped after step %d on SIGTERM; a restarted job resumes from the checkpoint", step)
+        extra = {"batch_order": batch_order.state_dict()}
+        if checkpoints.save_at_step_end(
+            step, checkpointer, checkpoint_schedule, sigterm, model, optimizer, scheduler, extra=extra
+        ):
             return False
 
     checkpointer.wait()  # a background checkpoint still being written needs the process group

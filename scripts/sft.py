@@ -329,11 +329,10 @@ def train(args: SFTArgs, learners: distributed.Learners) -> bool:
             logger.log(step, record)
 
         # ---- checkpoints by steps/minutes; on SIGTERM save and stop (the restarted job resumes here)
-        stop = sigterm.should_stop(learners)
-        if stop or checkpoint_schedule.due(step, learners):
-            checkpointer.save(step, model, optimizer, scheduler, extra={"batch_order": batch_order.state_dict()})
-        if stop:
-            log.warning("stopped by SIGTERM after step %d; the checkpoint resumes from here", step)
+        extra = {"batch_order": batch_order.state_dict()}
+        if checkpoints.save_at_step_end(
+            step, checkpointer, checkpoint_schedule, sigterm, model, optimizer, scheduler, extra=extra
+        ):
             return False
 
     checkpointer.wait()  # a background checkpoint still being written needs the process group

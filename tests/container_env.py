@@ -1,10 +1,13 @@
 """The environment the SageMaker toolkit gives a training script, with /opt/ml relocated under a
-folder: one builder for every test that starts a script through the container contract."""
+folder, and the runner that starts a script in it (plain python, or torchrun): one of each for
+every test that starts a script through the container contract."""
 
 from __future__ import annotations
 
 import json
 import os
+import signal
+import subprocess
 import sys
 from pathlib import Path
 
@@ -35,3 +38,36 @@ def container_env(root: Path, channels: dict[str, Path], hyperparameters: dict |
     for name, folder in channels.items():
         env[f"SM_CHANNEL_{name.upper()}"] = str(folder)
     return env
+
+
+SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
+
+
+def script_command(script: str, args: list[str] | tuple = (), nproc: int = 1) -> list[str]:
+    """``python SCRIPT ARGS``, or under ``torchrun --standalone`` for more than one process."""
+    if nproc == 1:
+        return [sys.executable, script, *args]
+    torchrun = str(Path(sys.executable).parent / "torchrun")
+    return [torchrun, "--standalone", "--nproc_per_node", str(nproc), script, *args]
+
+
+def run_script(command: list[str], env: dict[str, str], timeout: float = 180, merge_output: bool = False):
+    """Run ``command`` in scripts/, the code folder the toolkit starts scripts in, and return its
+    ``subprocess.CompletedProcess`` (``merge_output``: stderr into stdout, in the order printed).
+    A session of its own, so that a timeout ends torchrun's workers as well as torchrun."""
+    process = subprocess.Popen(
+        command,
+        cwd=SCRIPTS,
+        env=env,
+        text=True,
+        start_new_session=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT if merge_output else subprocess.PIPE,
+    )
+    try:
+        stdout, stderr = process.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.communicate()
+        raise
+    return subprocess.CompletedProcess(command, process.returncode, stdout, stderr or "")

@@ -27,9 +27,7 @@ ScaleRewards = Literal["group", "none"]
 STD_EPSILON = 1e-4
 
 
-def group_advantages(
-    rewards: Sequence[float], group_size: int, scale_rewards: ScaleRewards = "group"
-) -> list[float]:
+def group_advantages(rewards: Sequence[float], group_size: int, scale_rewards: ScaleRewards = "group") -> list[float]:
     """Advantages of ``rewards`` (ordered group by group, ``group_size`` each), one per reward."""
     if scale_rewards not in ("group", "none"):
         raise ValueError(f"scale_rewards must be 'group' or 'none', got {scale_rewards!r}.")

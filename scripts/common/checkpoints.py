@@ -526,6 +526,20 @@ class CheckpointSchedule:
         return by_steps or by_time
 
 
+def save_at_step_end(
+    step: int, checkpointer: Checkpointer, schedule: CheckpointSchedule, sigterm: SigtermFlag, *state, extra=None
+) -> bool:
+    """The end of a training step, on every learner: save ``state`` (model, optimizer, scheduler)
+    when ``schedule`` says so or SIGTERM came. True when the loop must stop: SIGTERM came, and the
+    checkpoint a restarted job resumes from is written."""
+    stop = sigterm.should_stop(checkpointer.learners)
+    if stop or schedule.due(step, checkpointer.learners):
+        checkpointer.save(step, *state, extra=extra)
+    if stop:
+        log.warning("stopped by SIGTERM after step %d; the checkpoint resumes from here", step)
+    return stop
+
+
 # --------------------------------------------------------------------------- SIGTERM
 
 

@@ -30,6 +30,7 @@ import json
 import logging
 import os
 import sys
+import threading
 import time
 import traceback
 import types
@@ -394,8 +395,11 @@ def run_main(main: Callable[[], object]) -> None:
 
     ``UserError`` (bad option, file, row, channel, model path) is reported without a traceback;
     anything else is unexpected, so its traceback goes to the log and its last line to the file.
+    Called by a script's ``__main__`` (the process is the script's), it ends the process through
+    ``exit_past_gloo_threads``.
     """
     setup_logging()
+    whole_process = getattr(main, "__module__", None) == "__main__"  # not a test calling it in its own process
     run_started = time.time()  # a failure file older than this is a previous run's
     rank = os.environ.get("RANK")
     prefix = f"rank {rank}: " if rank not in (None, "0") else ""
@@ -409,10 +413,52 @@ def run_main(main: Callable[[], object]) -> None:
         log.error("%s", error)
         path = write_failure(f"{prefix}{error}", run_started)
         log.error("Reason written to %s", path)
-        sys.exit(1)
+        exit_past_gloo_threads(1, whole_process)
     except BaseException as error:  # noqa: BLE001 - the last line of defence
         log.error("Unexpected error:\n%s", traceback.format_exc())
         name = type(error).__name__
         path = write_failure(f"{prefix}Unexpected {name}: {error} (full traceback in the job's log)", run_started)
         log.error("Reason written to %s", path)
-        sys.exit(1)
+        exit_past_gloo_threads(1, whole_process)
+    exit_past_gloo_threads(0, whole_process)
+
+
+GLOO_THREADS = ("pt_gloo_runloop", "gloo_tcp_loop")  # the names gloo's C++ threads give themselves
+
+
+def gloo_threads() -> list[str]:
+    """The gloo threads (C++, invisible to ``threading``) still running in this process (Linux)."""
+    names = []
+    for task in Path("/proc/self/task").glob("*"):
+        try:
+            names.append((task / "comm").read_text().strip())
+        except OSError:  # the thread ended while we looked
+            continue
+    return [name for name in names if name in GLOO_THREADS]
+
+
+def exit_past_gloo_threads(status: int, whole_process: bool = True) -> None:
+    """End with ``status`` (0: return to the interpreter's exit; else ``sys.exit``) or, while gloo's
+    threads still run in a process that is the script's (``whole_process``), ``os._exit(status)``
+    once Python's own work is done (other threads joined, logs and standard streams flushed).
+
+    ``destroy_process_group`` does not end a gloo process group's threads once a DTensor was made on
+    it (FSDP2's parameters, a sharded checkpoint): PyTorch holds the group from C++ until the process
+    ends, out of reach of ``gc`` and of the backend's ``shutdown``. The threads then run on while the
+    interpreter and the C++ runtime tear themselves down, and now and then a rank aborts after its
+    work is done ("terminate called without an active exception", exit -6), which fails a SageMaker
+    job. By then the script's work is on disk, so the interpreter's own teardown (and its ``atexit``
+    handlers) is skipped.
+    """
+    if not whole_process or not gloo_threads():
+        if status:
+            sys.exit(status)
+        return
+    current = threading.current_thread()
+    for thread in threading.enumerate():
+        if thread is not current and not thread.daemon:
+            thread.join()  # what the interpreter would wait for (a checkpoint still being written)
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(status)

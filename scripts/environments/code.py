@@ -38,20 +38,11 @@ import zlib
 from collections import Counter
 from collections.abc import Callable
 
+from sandbox.judge import VERDICTS  # the verdicts a program gets, "no_code" included: named once, by the judge
+
 SYSTEM_PROMPT = (
     "You are an expert competitive programmer. Solve the problem in Python 3. Think briefly, then "
     "give the complete solution in one ```python code block."
-)
-VERDICTS = (
-    "accepted",
-    "wrong_answer",
-    "time_limit",
-    "memory_limit",
-    "output_limit",
-    "runtime_error",
-    "sandbox_violation",
-    "no_code",
-    "judge_error",
 )
 _FENCE = re.compile(r"```[^\n`]*\n(.*?)```", re.DOTALL)
 

@@ -19,24 +19,12 @@ import tempfile
 import textwrap
 from dataclasses import dataclass
 
-from .judge import ACCEPTED, Limits, Sandbox, classify
+from .judge import ACCEPTED, SERVER_ENV, Limits, Sandbox, classify
 
 SELFTEST_LIMITS = Limits(time_limit=0.5, wall_limit=1.0, memory_mb=256, output_bytes=4 << 20)
-ALLOWED_ENVIRONMENT = {
-    "PATH",
-    "LANG",
-    "LC_ALL",
-    "HOME",
-    "TMPDIR",
-    "OMP_NUM_THREADS",
-    "OPENBLAS_NUM_THREADS",
-    "MKL_NUM_THREADS",
-    "NUMEXPR_NUM_THREADS",
-    "VECLIB_MAXIMUM_THREADS",
-    "RAYON_NUM_THREADS",
-    "TF_NUM_INTRAOP_THREADS",
-    "LC_CTYPE",
-}
+# What a test may see: the fork servers' environment, HOME and TMPDIR (its working directory, set by
+# forkserver.py) and LC_CTYPE (which Python's locale coercion may set).
+ALLOWED_ENVIRONMENT = {*SERVER_ENV, "HOME", "TMPDIR", "LC_CTYPE"}
 
 
 class SandboxEscape(RuntimeError):

@@ -8,36 +8,15 @@ two processes (rank 0 learns, rank 1 judges) and as one process (rank 0 judges t
 import json
 import os
 import re
-import signal
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-from container_env import container_env
-
-SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
-TORCHRUN = str(Path(sys.executable).parent / "torchrun")
+from container_env import container_env, run_script, script_command
 
 
 def run(command: list[str], env: dict[str, str], timeout: int = 240) -> subprocess.CompletedProcess:
-    # A session of its own, so that a timeout ends torchrun's workers as well.
-    process = subprocess.Popen(
-        command,
-        cwd=SCRIPTS,
-        env=env,
-        text=True,
-        start_new_session=True,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-    )
-    try:
-        output, _ = process.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(process.pid, signal.SIGKILL)
-        process.communicate()
-        raise
-    return subprocess.CompletedProcess(command, process.returncode, output, "")
+    return run_script(command, env, timeout=timeout, merge_output=True)
 
 
 HYPERPARAMETERS = {
@@ -82,10 +61,7 @@ def test_code_rl_trains_with_judges(tmp_path, offline_data, tiny_model_path, pro
     if processes == 1:  # also resumed: 3 steps with a checkpoint after step 2 only
         hyperparameters.update(max_steps=3, checkpoint_every=2)
     env = container_env(tmp_path, {"train": offline_data["code"], "model": tiny_model_path}, hyperparameters)
-    if processes == 1:
-        command = [sys.executable, "code_rl.py"]
-    else:
-        command = [TORCHRUN, "--standalone", "--nproc_per_node", "2", "code_rl.py"]
+    command = script_command("code_rl.py", nproc=processes)
     done = run(command, env)
     assert done.returncode == 0, done.stdout[-4000:]
     log = done.stdout
@@ -117,7 +93,7 @@ JOB = Path(__file__).with_name("remote_judge_job.py")
 
 def test_remote_judges_return_verdicts_in_order(tmp_path):
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
-    done = run([TORCHRUN, "--standalone", "--nproc_per_node", "3", str(JOB), "judge"], env)
+    done = run(script_command(str(JOB), ["judge"], nproc=3), env)
     assert done.returncode == 0, done.stdout[-4000:]
     results = json.loads(done.stdout.split("RESULTS ", 1)[1].splitlines()[0])
     assert [r["verdict"] for r in results] == [
@@ -133,7 +109,7 @@ def test_remote_judges_return_verdicts_in_order(tmp_path):
 
 def test_a_failing_judge_fails_the_learner_without_hanging(tmp_path):
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
-    done = run([TORCHRUN, "--standalone", "--nproc_per_node", "2", str(JOB), "broken"], env, timeout=120)
+    done = run(script_command(str(JOB), ["broken"], nproc=2), env, timeout=120)
     assert "judge rank 1 failed: SandboxError" in done.stdout, done.stdout[-4000:]
     assert "JUDGES STOPPED" in done.stdout  # rank 0 still told the judges to stop, and they did
 

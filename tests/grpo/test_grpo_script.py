@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from container_env import container_env
+from container_env import container_env, run_script
 from safetensors.torch import load_file
 
 SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
@@ -58,8 +58,8 @@ def grpo_command(model_path, root, *extra):
 
 
 def run(command, env, timeout=240):
-    result = subprocess.run(command, cwd=SCRIPTS, env=env, capture_output=True, text=True, timeout=timeout)
-    return result.returncode, result.stdout + result.stderr
+    result = run_script(command, env, timeout=timeout, merge_output=True)
+    return result.returncode, result.stdout
 
 
 def metric_lines(output: str) -> list[str]:

@@ -60,16 +60,14 @@ def code_rl_inputs(tiny_model_path, tmp_path_factory) -> dict[str, Path]:
     import random
 
     import torch
+    from environments.code import CodeEnvironment  # scripts/ is on the path once offline_data is imported
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     root = tmp_path_factory.mktemp("code_rl_groups")
     problem = next(p for p in offline_data.code_problem_records(5) if p["id"].startswith("reverse"))
     offline_data.write_jsonl(root / "train" / "train.jsonl", [problem, {**problem, "id": "reverse-copy"}])
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_path)
-    messages = [
-        {"role": "system", "content": offline_data.CODE_SYSTEM_PROMPT},
-        {"role": "user", "content": offline_data.code_prompt(problem)},
-    ]  # as the environment asks
+    messages = CodeEnvironment().prompt_messages(problem)  # as the job's environment asks
     prompt = tokenizer(
         tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False), add_special_tokens=False
     )["input_ids"]

@@ -14,6 +14,7 @@ signal comes.
 
 from __future__ import annotations
 
+import atexit
 import os
 import signal
 import sys
@@ -22,6 +23,7 @@ from pathlib import Path
 
 import torch
 from common.checkpoints import MANIFEST, Checkpointer, SigtermFlag, seed_everything
+from common.contract import gloo_threads, run_main
 from common.distributed import barrier, setup, teardown, wrap_model
 from torch.distributed.checkpoint import FileSystemWriter
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
@@ -158,11 +160,19 @@ def kill(root: Path, learners) -> None:
     os.kill(os.getpid(), signal.SIGKILL)
 
 
-if __name__ == "__main__":
+def main() -> None:
     mode, root = sys.argv[1], Path(sys.argv[2])
     learners = setup()
+    # Reached only if the interpreter's own teardown runs while gloo's threads do (the abort at exit).
+    atexit.register(
+        lambda: gloo_threads() and print(f"rank {learners.rank}: exit with gloo threads running", flush=True)
+    )
     if mode == "resume":
         resume(root, [int(step) for step in sys.argv[3:]], learners)
     else:
         {"save": save, "sigterm": sigterm, "kill": kill}[mode](root, learners)
     teardown()
+
+
+if __name__ == "__main__":
+    run_main(main)  # as the scripts end

@@ -35,6 +35,9 @@ def launch(processes: int, *args, expect_ok: bool = True) -> str:
     output = result.stdout + result.stderr
     if expect_ok:
         assert result.returncode == 0, output[-4000:]
+    # PyTorch keeps gloo's threads after the process group is destroyed (FSDP2's DTensors hold it);
+    # a process must not reach the interpreter's teardown with them running, where it may abort.
+    assert "exit with gloo threads running" not in output, output[-4000:]
     return output
 
 

@@ -12,10 +12,10 @@ import time
 from pathlib import Path
 
 import pytest
+from container_env import SCRIPTS, script_command
 from container_env import container_env as build_container_env
+from container_env import run_script as run_in_container
 
-REPO = Path(__file__).resolve().parents[2]
-SCRIPTS = REPO / "scripts"
 if str(SCRIPTS) not in sys.path:
     sys.path.insert(0, str(SCRIPTS))
 
@@ -42,24 +42,7 @@ def run_script():
     """run_script(script, args, env, nproc=1) -> CompletedProcess, cwd = scripts/ like the toolkit."""
 
     def run(script: str, args: list[str], env: dict[str, str], nproc: int = 1, timeout: int = 180):
-        command = _command(script, args, nproc)
-        # A session of its own, so a timeout ends torchrun's workers too, not only torchrun.
-        process = subprocess.Popen(
-            command,
-            cwd=SCRIPTS,
-            env=env,
-            text=True,
-            start_new_session=True,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-        )
-        try:
-            stdout, stderr = process.communicate(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.communicate()
-            raise
-        return subprocess.CompletedProcess(command, process.returncode, stdout, stderr)
+        return run_in_container(script_command(script, args, nproc), env, timeout=timeout)
 
     return run
 
@@ -143,13 +126,6 @@ def torch_equal(a, b) -> bool:
     return a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b)
 
 
-def _command(script: str, args: list[str], nproc: int) -> list[str]:
-    if nproc == 1:
-        return [sys.executable, script, *args]
-    torchrun = str(Path(sys.executable).parent / "torchrun")
-    return [torchrun, "--standalone", "--nproc_per_node", str(nproc), script, *args]
-
-
 @pytest.fixture
 def interrupt_script():
     """interrupt_script(script, args, env, at_step, signum, nproc=1) -> (returncode, output):
@@ -158,7 +134,7 @@ def interrupt_script():
 
     def run(script: str, args: list[str], env: dict[str, str], at_step: int, signum: int, nproc: int = 1):
         process = subprocess.Popen(
-            _command(script, args, nproc),
+            script_command(script, args, nproc),
             cwd=SCRIPTS,
             env=env,
             text=True,
