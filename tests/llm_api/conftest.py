@@ -1,0 +1,18 @@
+"""A real OpenAI-compatible server (``transformers serve``) on the tiny model, one for the whole folder."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))  # fault_proxy.py, for the tests beside it
+
+
+@pytest.fixture(scope="session")
+def llm_server(tiny_model_path):
+    from helpers.llm_server import serve
+
+    with serve(tiny_model_path) as server:
+        yield server
