@@ -22,7 +22,7 @@ local server works by changing those two. What it adds around the package:
 - **accounting** for the run (``client.usage``): requests, cache hits, API attempts, retries, failures,
   parse failures, prompt and completion tokens and their cost;
 - **structured answers** (``complete_structured``): the text goes through a strict parser (a function
-  that returns the value or raises ``ParseError``; ``json_object`` checks a JSON object against a
+  that returns the value or raises ``ParseError`` or another ``ValueError``; ``json_object`` checks a JSON object against a
   field -> type schema). A parse failure is counted and returned as ``ok=False`` with its reason, for
   the caller to exclude: never turned into a score.
 
@@ -354,7 +354,7 @@ class LLMClient:
     def _parsed(self, completion: Completion, parse: Callable[[str], Any]) -> Structured:
         try:
             return Structured(True, parse(completion.text), None, completion)
-        except ParseError as error:
+        except ValueError as error:  # ParseError, or any ValueError a caller's parser raises
             self.usage.parse_failures += 1  # one thread (the caller's) counts these
             return Structured(False, None, str(error), completion)
 

@@ -9,6 +9,8 @@ used up) and the proxy records what it did, so a test can count exactly what the
 - ``"malformed"``: 200 with a body that is not JSON;
 - ``"no_choices"``: 200 with a well-formed completion that has ``"choices": []``;
 - ``"400"``: 400 Bad Request (not retryable);
+- ``"reply:<text>"``: 200 with a well-formed completion whose answer is ``<text>`` (a judge's answer
+  the tiny model could not write, to test how answers are parsed);
 - ``"pass"``: forwards the request to the server.
 """
 
@@ -47,6 +49,22 @@ class FaultProxy:
                     proxy.headers.append(dict(self.headers))
                 if fault == "429":
                     self._answer(429, b'{"error": {"message": "slow down"}}', {"Retry-After": str(proxy.retry_after)})
+                elif fault.startswith("reply:"):
+                    payload = {
+                        "id": "x",
+                        "object": "chat.completion",
+                        "created": 0,
+                        "model": "m",
+                        "choices": [
+                            {
+                                "index": 0,
+                                "finish_reason": "stop",
+                                "message": {"role": "assistant", "content": fault.removeprefix("reply:")},
+                            }
+                        ],
+                        "usage": {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15},
+                    }
+                    self._answer(200, json.dumps(payload).encode())
                 elif fault == "400":
                     self._answer(400, b'{"error": {"message": "unknown model"}}')
                 elif fault == "500":

@@ -9,10 +9,8 @@ import json
 import time
 
 import pytest
-from fault_proxy import FaultProxy
-
-from scripts.common.contract import UserError
-from scripts.common.llm_client import (
+from common.contract import UserError
+from common.llm_client import (
     BudgetExceeded,
     LLMClient,
     LLMRequestFailed,
@@ -20,6 +18,7 @@ from scripts.common.llm_client import (
     TokenBucket,
     json_object,
 )
+from fault_proxy import FaultProxy
 
 QUESTION = [{"role": "user", "content": "What is 2 + 3?"}]
 
