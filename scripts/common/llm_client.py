@@ -312,14 +312,23 @@ class LLMClient:
         return self._parsed(completion, parse)
 
     def complete_many(
-        self, requests: Sequence[Sequence[dict]], return_exceptions: bool = False, **params
+        self,
+        requests: Sequence[Sequence[dict]],
+        return_exceptions: bool = False,
+        per_request: Sequence[dict] | None = None,
+        **params,
     ) -> list[Completion | Exception]:
         """Blocking: one answer per message list, sent concurrently (within the cap and the limits).
+        ``per_request`` (one dict per request, such as ``{"seed": i}``) adds to ``params``.
         With ``return_exceptions`` a request that failed after its retries gives its ``LLMRequestFailed``
         in its place; ``BudgetExceeded`` is always raised."""
+        extra = per_request if per_request is not None else [{}] * len(requests)
+        if len(extra) != len(requests):
+            raise ValueError(f"{len(extra)} per_request entries for {len(requests)} requests")
 
         async def gather():
-            return await asyncio.gather(*(self._complete(list(m), params) for m in requests), return_exceptions=True)
+            calls = (self._complete(list(m), {**params, **e}) for m, e in zip(requests, extra, strict=True))
+            return await asyncio.gather(*calls, return_exceptions=True)
 
         results = self._on_loop(gather()).result()
         for result in results:
@@ -482,3 +491,37 @@ class LLMClient:
                 await asyncio.sleep(delay)
         self.usage.failures += 1
         raise LLMRequestFailed(f"The LLM request failed after {self.max_retries + 1} attempts: {last_error}.")
+
+
+# --------------------------------------------------------------------------- the key in a training job
+
+
+def api_key_from_secret(secret_name: str, region: str | None = None) -> str:
+    """The API key stored in AWS Secrets Manager as ``secret_name`` (its name or ARN): the secret's
+    text, or its ``OPENAI_API_KEY`` field when the text is a JSON object. A training job gets the key
+    this way, so that only the secret's name travels in the CreateTrainingJob request (which
+    DescribeTrainingJob shows back); the job's role needs ``secretsmanager:GetSecretValue`` on it."""
+    import boto3
+    import botocore.exceptions
+
+    try:
+        client = boto3.client("secretsmanager", region_name=region or os.environ.get("AWS_REGION"))
+        text = client.get_secret_value(SecretId=secret_name)["SecretString"]
+    except botocore.exceptions.ClientError as error:
+        code = error.response.get("Error", {}).get("Code", "")
+        raise UserError(
+            f"Cannot read the API key from the secret {secret_name!r} ({code}). Create it with "
+            f"`aws secretsmanager create-secret --name {secret_name} --secret-string <key>` and give the "
+            "job's role secretsmanager:GetSecretValue on it."
+        ) from None
+    except KeyError:
+        raise UserError(f"The secret {secret_name!r} has no text (SecretString); store the key as text.") from None
+    if text.lstrip().startswith("{"):
+        try:
+            return json.loads(text)["OPENAI_API_KEY"]
+        except (json.JSONDecodeError, KeyError):
+            raise UserError(
+                f"The secret {secret_name!r} is a JSON object without an OPENAI_API_KEY field; "
+                'store the key as plain text or as {"OPENAI_API_KEY": "..."}.'
+            ) from None
+    return text.strip()

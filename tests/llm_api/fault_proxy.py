@@ -46,7 +46,7 @@ class FaultProxy:
                     fault = proxy.faults.pop(0) if proxy.faults else "pass"
                     proxy.log.append((fault, time.monotonic()))
                     proxy.bodies.append(json.loads(body))
-                    proxy.headers.append(dict(self.headers))
+                    proxy.headers.append({k.lower(): v for k, v in self.headers.items()})
                 if fault == "429":
                     self._answer(429, b'{"error": {"message": "slow down"}}', {"Retry-After": str(proxy.retry_after)})
                 elif fault.startswith("reply:"):
