@@ -6,6 +6,7 @@ Sections, each in its own process so each peak RSS is its own:
   local_mode  time to the script's first line and job overhead (``bench.local_mode_overhead``)
   sandbox     judged tests per second (``bench.sandbox_throughput``)
   sessions    training sessions through the SDK v3 vs in-process (``bench.training_sessions``)
+  llm_client  judged answers/s through the LLM client at concurrency 1, 4, 16, and its cache (``bench.llm_client``)
 Every training and generation run uses one torch thread (see ``bench.train_steps``).
 The table goes to stdout and to ``outputs/bench/cpu_benchmarks.md`` (rows also as ``.json``).
 
@@ -32,7 +33,7 @@ from pathlib import Path
 from bench.fixtures import BENCH_OUTPUT, REPO_ROOT
 from bench.tables import Row, format_table, machine_description, median
 
-SECTIONS = ("steps", "generation", "local_mode", "sandbox", "sessions")
+SECTIONS = ("steps", "generation", "local_mode", "sandbox", "sessions", "llm_client")
 
 
 def steps_rows(quick: bool) -> list[Row]:
@@ -142,12 +143,19 @@ def sessions_rows(quick: bool) -> list[Row]:
     return training_sessions.measure(["tiny"] if quick else ["tiny", "small"], steps=3 if quick else 10)
 
 
+def llm_client_rows(quick: bool) -> list[Row]:
+    from bench import llm_client
+
+    return llm_client.measure(answers=16 if quick else 32)
+
+
 RUNNERS = {
     "steps": steps_rows,
     "generation": generation_rows,
     "local_mode": local_mode_rows,
     "sandbox": sandbox_rows,
     "sessions": sessions_rows,
+    "llm_client": llm_client_rows,
 }
 
 
