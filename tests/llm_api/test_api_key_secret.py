@@ -131,3 +131,15 @@ print(client.usage.report())
     assert all(h["authorization"] == f"Bearer {marker}" for h in proxy.headers) and len(proxy.headers) == 3
     assert marker not in run.stdout + run.stderr
     assert places_holding(out, marker) == [] and (out / "usage.json").is_file() and any((out / "cache").rglob("*.json"))
+
+
+def test_the_search_finds_a_key_in_a_file_and_inside_an_archive(tmp_path):
+    """The leak search can fail: a key in a plain file or in a member of a model.tar.gz is found."""
+    marker = f"marker-key-{uuid.uuid4().hex}"
+    (tmp_path / "log.txt").write_text(f"Authorization: Bearer {marker}\n")
+    inner = tmp_path / "config.json"
+    inner.write_text(json.dumps({"api_key": marker}))
+    with tarfile.open(tmp_path / "model.tar.gz", "w:gz") as archive:
+        archive.add(inner, arcname="config.json")
+    inner.unlink()
+    assert places_holding(tmp_path, marker) == [str(tmp_path / "log.txt"), f"{tmp_path / 'model.tar.gz'}!config.json"]
