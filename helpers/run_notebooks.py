@@ -90,6 +90,7 @@ CI_PARAMETERS["13"] = {
     "sft_max_length": 128,
     "held_out": 16,
     "max_new_tokens": 20,
+    "judge_max_tokens": 24,
     "judge_groups": 2,
     "group_size": 4,
 }

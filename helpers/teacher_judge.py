@@ -21,7 +21,7 @@ import os
 from pathlib import Path
 
 from helpers import llm_server
-from helpers.artifacts import load_model, split_s3
+from helpers.artifacts import download_and_extract, load_model, split_s3
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,6 +69,15 @@ def open_endpoint(
             "--secret-string <your key>`, and give the execution role secretsmanager:GetSecretValue on it."
         ) from None
     return Endpoint(os.environ["OPENAI_BASE_URL"], teacher_model, judge_model, secret_name)
+
+
+def download_model(session, uri: str, dest: str | Path) -> Path:
+    """A model from S3 as a local folder: a job's ``model.tar.gz`` unpacked, or a staged prefix copied."""
+    if uri.endswith(".tar.gz"):
+        return download_and_extract(session, uri, dest)
+    bucket, prefix = split_s3(uri.rstrip("/") + "/")
+    session.download_data(str(dest), bucket, key_prefix=prefix)
+    return Path(dest)
 
 
 def read_jsonl_from_s3(session, prefix_uri: str, filename: str) -> list[dict]:

@@ -263,6 +263,9 @@ class LLMClient:
         self.output_price = output_price_per_million / 1e6
         self.usage = Usage()
         self._openai = openai
+        for name in ("httpx", "httpx2"):  # the HTTP client's line per request would drown a notebook's output
+            if logging.getLogger(name).level == logging.NOTSET:
+                logging.getLogger(name).setLevel(logging.WARNING)
         # Everything async lives on one loop in a daemon thread: the HTTP client, the semaphore and
         # the buckets are bound to a loop, and this one serves notebooks and scripts alike.
         self._loop = asyncio.new_event_loop()
