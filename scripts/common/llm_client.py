@@ -12,7 +12,7 @@ local server works by changing those two. What it adds around the package:
   key, an unknown model) are not retried. The package's own retries are off (``max_retries=0``): it
   does not retry a malformed 200, and its attempts could not be counted;
 - **a per-call timeout** (``timeout_s``, the whole HTTP exchange of one attempt);
-- **a content-addressed cache on disk**: the key is the SHA-256 of the request (endpoint, model,
+- **a content-addressed cache on disk**: the key is the SHA-256 of the request's body (model,
   messages, every sampling parameter); the answer is written atomically (temporary file, then
   ``os.replace``), so the same request gets the same answer with no second charge across a kernel
   restart or a resumed job. Give distinct ``seed`` values to get distinct samples of one prompt;
@@ -371,7 +371,9 @@ class LLMClient:
             return Structured(False, None, str(error), completion)
 
     def cache_key(self, messages: list[dict], params: dict) -> str:
-        request = {"base_url": self.base_url, "model": self.model, "messages": messages, "params": params}
+        # The request's body, not the endpoint's address: a local server's port changes from run to run.
+        # Point providers that give one model name to different models at different cache folders.
+        request = {"model": self.model, "messages": messages, "params": params}
         return hashlib.sha256(json.dumps(request, sort_keys=True, ensure_ascii=False).encode()).hexdigest()
 
     def _cache_path(self, key: str) -> Path:

@@ -80,7 +80,12 @@ def test_a_job_reads_the_key_from_secrets_manager_and_leaks_it_nowhere(
             },
         )
         estimator.fit({"train": TrainingInput(train)}, logs=True)
-    job_log = capsys.readouterr().out
+        job_log = capsys.readouterr().out
+        asked = len(proxy.headers)
+        # The same job again, on the same checkpoint folder: every answer comes from the synced cache.
+        estimator.fit({"train": TrainingInput(train)}, logs=True)
+        again_log = capsys.readouterr().out
+    assert "requests=6 cached_hits=6 retries=0 tokens=0" in again_log and len(proxy.headers) == asked
     description = estimator.latest_training_job.describe()
 
     assert description["TrainingJobStatus"] == "Completed"
@@ -91,7 +96,7 @@ def test_a_job_reads_the_key_from_secrets_manager_and_leaks_it_nowhere(
     # ...and only the secret's name travelled with the job.
     assert description["HyperParameters"]["llm_api_key_secret"] == json.dumps(SECRET_NAME)
     assert marker not in json.dumps(description, default=str)
-    assert marker not in job_log
+    assert marker not in job_log + again_log
     root = Path(os.environ["SAGEMAKER_LOCAL_ROOT"])
     assert any(root.rglob("teacher_usage.json")) or any(root.rglob("output.tar.gz"))  # the search saw the outputs
     assert places_holding(root, marker) == []  # S3 (model, output, checkpoints with the cache), logs, job records
