@@ -80,10 +80,13 @@ def test_a_job_reads_the_key_from_secrets_manager_and_leaks_it_nowhere(
             },
         )
         estimator.fit({"train": TrainingInput(train)}, logs=True)
+        first_job = estimator.latest_training_job.name
+        local_session.wait_for_job(first_job)  # finished, also when it had to wait for another local job
         job_log = capsys.readouterr().out
         asked = len(proxy.headers)
         # The same job again, on the same checkpoint folder: every answer comes from the synced cache.
         estimator.fit({"train": TrainingInput(train)}, logs=True)
+        local_session.wait_for_job(estimator.latest_training_job.name)
         again_log = capsys.readouterr().out
     assert "requests=6 cached_hits=6 retries=0 tokens=0" in again_log and len(proxy.headers) == asked
     description = estimator.latest_training_job.describe()
