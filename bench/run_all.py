@@ -10,6 +10,7 @@ Sections, each in its own process so each peak RSS is its own:
               LoRA unmerged vs merged; tiny and SmolLM2 when installed (``bench.training_sessions_sampling``)
   time_to_quality  GRPO to a held-out target: grpo.py, LoRA, the session, TRL (``bench.time_to_quality``)
   tinker_peer the session service vs SkyRL's Tinker API server (``bench.tinker_peer``)
+  llm_client  judged answers/s through the LLM client at concurrency 1, 4, 16, and its cache (``bench.llm_client``)
 Every training and generation run uses one torch thread (see ``bench.train_steps``).
 The table goes to stdout and to ``outputs/bench/cpu_benchmarks.md`` (rows also as ``.json``).
 
@@ -36,7 +37,17 @@ from pathlib import Path
 from bench.fixtures import BENCH_OUTPUT, REPO_ROOT
 from bench.tables import Row, format_table, machine_description, median
 
-SECTIONS = ("steps", "generation", "local_mode", "sandbox", "sessions", "sampling", "time_to_quality", "tinker_peer")
+SECTIONS = (
+    "steps",
+    "generation",
+    "local_mode",
+    "sandbox",
+    "sessions",
+    "sampling",
+    "llm_client",
+    "time_to_quality",
+    "tinker_peer",
+)
 
 
 def steps_rows(quick: bool) -> list[Row]:
@@ -165,6 +176,12 @@ def tinker_peer_rows(quick: bool) -> list[Row]:
     return tinker_peer.measure(steps=2 if quick else 5)
 
 
+def llm_client_rows(quick: bool) -> list[Row]:
+    from bench import llm_client
+
+    return llm_client.measure(answers=16 if quick else 32)
+
+
 RUNNERS = {
     "steps": steps_rows,
     "generation": generation_rows,
@@ -174,6 +191,7 @@ RUNNERS = {
     "sampling": sampling_rows,
     "time_to_quality": time_to_quality_rows,
     "tinker_peer": tinker_peer_rows,
+    "llm_client": llm_client_rows,
 }
 
 

@@ -77,6 +77,23 @@ CI_PARAMETERS = {
 }
 # Notebook 01's job, sent with SDK v3's ModelTrainer: the same job for fewer steps, since 01 shows it learn.
 CI_PARAMETERS["11"] = {**CI_PARAMETERS["01"], "max_steps": 20}
+# Notebook 13: notebook 01's SFT model is the teacher and judge, served by transformers serve.
+CI_PARAMETERS["13"] = {
+    "max_problems": 32,
+    "samples_per_problem": 4,
+    "teacher_max_tokens": 40,
+    "teacher_temperature": 1.0,
+    "budget_tokens": 200_000,
+    "sft_steps": 20,
+    "sft_learning_rate": 5e-3,
+    "sft_batch_size": 4,
+    "sft_max_length": 128,
+    "held_out": 16,
+    "max_new_tokens": 20,
+    "judge_max_tokens": 24,
+    "judge_groups": 2,
+    "group_size": 4,
+}
 
 # The real-model run: SmolLM2-135M-Instruct (helpers.models_offline), all weights trained, on the
 # same offline data. A pretrained model needs learning rates ~100x below the tiny model's and far

@@ -2,6 +2,9 @@
 
 moto answers S3, STS, CloudWatch Logs and CloudWatch metrics, so the SDK's own code runs as it
 does against AWS: it uploads ``sourcedir.tar.gz`` and data, streams logs, reads ``model_data``.
+Secrets Manager is moto too: the notebook stores a secret through this process's session, and a job
+that reads it (an API key, by the secret's name) reaches the same moto over loopback, through a moto
+server this process starts on first need (``job_environment``). Secrets are kept in memory only.
 SageMaker calls never reach moto: the ``before-call.sagemaker`` handler answers every one of them
 first (see api.py). S3 writes are mirrored to disk and everything is restored from disk when
 local mode starts, which is how a later notebook kernel sees what an earlier one left.
@@ -59,6 +62,7 @@ class LocalAWS:
         self._mock.start()
         self._lock = threading.Lock()
         self._log_groups_made = False
+        self._moto_server = None  # Secrets Manager for the jobs' processes, started on first need
 
         # The session whose S3 writes are mirrored to disk: the SDK's and the runner's.
         self.botocore_session = _botocore_session(region)
@@ -74,7 +78,30 @@ class LocalAWS:
         self._restore()
 
     def stop(self) -> None:
+        if self._moto_server is not None:
+            self._moto_server.stop()
+            self._moto_server = None
         self._mock.stop()
+
+    def job_environment(self) -> dict[str, str]:
+        """Variables that point a job's AWS SDK at this process's moto for Secrets Manager, with
+        credentials good only here. Set on the job's processes, never in the job's request."""
+        with self._lock:
+            if self._moto_server is None:
+                import logging
+
+                from moto.server import ThreadedMotoServer
+
+                logging.getLogger("werkzeug").setLevel(logging.WARNING)  # no line per request
+                self._moto_server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+                self._moto_server.start()
+            host, port = self._moto_server.get_host_and_port()
+        return {
+            "AWS_ENDPOINT_URL_SECRETS_MANAGER": f"http://{host}:{port}",
+            "AWS_DEFAULT_REGION": self.region,
+            "AWS_ACCESS_KEY_ID": FAKE_ACCESS_KEY,
+            "AWS_SECRET_ACCESS_KEY": "local-mode-secret-key",
+        }
 
     # ---- S3 --------------------------------------------------------------------------------------
     @staticmethod

@@ -163,6 +163,7 @@ class Supervisor:
         for host in hosts:
             stream = self.streams.setdefault(host.name, f"{self.status.name}/{host.name}-{int(time.time())}")
             env = hostlib.host_environment(host, job, self.aws.region, training_module)
+            env.update(self.aws.job_environment())  # Secrets Manager (an API key by name), answered by moto
             entrypoint = hostlib.container_entrypoint(job)
             if entrypoint:
                 # Local mode never installs packages; an entry point that runs pip (ModelTrainer's

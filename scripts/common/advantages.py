@@ -54,3 +54,27 @@ def group_advantages(rewards: Sequence[float], group_size: int, scale_rewards: S
 def is_flat(group_rewards: Sequence[float]) -> bool:
     """True when every reward of one group is the same: its advantages are all 0."""
     return all(r == group_rewards[0] for r in group_rewards)
+
+
+def group_advantages_excluding(
+    rewards: Sequence[float | None], group_size: int, scale_rewards: ScaleRewards = "group"
+) -> tuple[list[float], int]:
+    """``group_advantages`` where a reward of ``None`` or NaN marks a sample with no reward (an LLM judge
+    that failed): it is left out of its group's mean and std and gets an advantage of exactly 0, so it
+    pushes the policy neither way. A group with fewer than two rewarded samples has no baseline and is
+    all 0. Returns the advantages and how many samples were excluded (for the step's metrics)."""
+    if len(rewards) % group_size:
+        raise ValueError(f"{len(rewards)} rewards do not split into groups of {group_size}.")
+    advantages: list[float] = []
+    excluded = 0
+    for start in range(0, len(rewards), group_size):
+        group = rewards[start : start + group_size]
+        rewarded = [i for i, r in enumerate(group) if r is not None and not math.isnan(r)]
+        excluded += group_size - len(rewarded)
+        group_result = [0.0] * group_size
+        if len(rewarded) >= 2:
+            kept = group_advantages([float(group[i]) for i in rewarded], len(rewarded), scale_rewards)
+            for index, advantage in zip(rewarded, kept, strict=True):
+                group_result[index] = advantage
+        advantages += group_result
+    return advantages, excluded

@@ -55,6 +55,7 @@ class Environment(Protocol):
 REGISTRY: dict[str, tuple[str, str]] = {
     "gsm8k": ("gsm8k", "GSM8KEnvironment"),
     "code": ("code", "CodeEnvironment"),
+    "llm_judge": ("llm_judge", "LLMJudgeEnvironment"),
 }
 
 

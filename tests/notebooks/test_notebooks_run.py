@@ -319,3 +319,20 @@ def test_summary_says_what_each_curve_shows(notebook_run):
         ("04", "no_code_rate"),
         ("05", "reward"),
     } <= shown
+
+
+def test_teacher_and_judge_notebook_accounts_for_every_request_and_shows_no_key(notebook_run):
+    from helpers.llm_server import LOCAL_API_KEY
+
+    jobs = notebook_run.jobs("13")
+    assert [j["status"] for j in jobs] == ["Completed"] * 3  # the teacher's data, then SFT on it and on the original
+    nb = nbformat.read(str(notebook_run.out / "notebooks" / "13_teacher_and_judge.ipynb"), as_version=4)
+    text = "".join(o.get("text", "") for c in nb.cells if c.cell_type == "code" for o in c.outputs)
+    assert '"requests":' in text and '"cached_hits":' in text and "retries" in text  # the teacher job's account
+    assert "held-out accuracy" in text and "+-" in text and "win rate" in text
+    usage = notebook_run.state["judge_usage"]
+    parameters = run_notebooks.CI_PARAMETERS["13"]
+    judged = parameters["judge_groups"] * parameters["group_size"] + parameters["held_out"]
+    assert usage["requests"] + usage["failures"] == judged  # every verdict asked once: answered or failed, none lost
+    assert usage["parse_failures"] <= usage["requests"] and usage["total_tokens"] > 0
+    assert LOCAL_API_KEY not in (notebook_run.out / "notebooks" / "13_teacher_and_judge.ipynb").read_text()

@@ -1,0 +1,117 @@
+"""A small HTTP proxy in front of the real server that injects one fault per request, in order.
+
+Each request to the proxy takes the next fault of its script (then passes through once the script is
+used up) and the proxy records what it did, so a test can count exactly what the client saw:
+
+- ``"429"``: 429 Too Many Requests with ``Retry-After: <retry_after>``;
+- ``"500"``: 500 Internal Server Error;
+- ``"hang"``: forwards nothing and answers nothing for ``hang_s`` seconds (past the client's timeout);
+- ``"malformed"``: 200 with a body that is not JSON;
+- ``"no_choices"``: 200 with a well-formed completion that has ``"choices": []``;
+- ``"400"``: 400 Bad Request (not retryable);
+- ``"reply:<text>"``: 200 with a well-formed completion whose answer is ``<text>`` (a judge's answer
+  the tiny model could not write, to test how answers are parsed);
+- ``"pass"``: forwards the request to the server.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+import urllib.error
+import urllib.request
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+
+class FaultProxy:
+    def __init__(self, upstream: str, faults: list[str], retry_after: float = 1.0, hang_s: float = 5.0):
+        self.upstream = upstream.rstrip("/")  # http://127.0.0.1:<port>
+        self.faults = list(faults)
+        self.retry_after = retry_after
+        self.hang_s = hang_s
+        self.log: list[tuple[str, float]] = []  # (what was done, when)
+        self.bodies: list[dict] = []  # every request body received
+        self.headers: list[dict] = []
+        self.lock = threading.Lock()
+        proxy = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args):  # quiet
+                pass
+
+            def do_POST(self):
+                body = self.rfile.read(int(self.headers.get("content-length", 0)))
+                with proxy.lock:
+                    fault = proxy.faults.pop(0) if proxy.faults else "pass"
+                    proxy.log.append((fault, time.monotonic()))
+                    proxy.bodies.append(json.loads(body))
+                    proxy.headers.append({k.lower(): v for k, v in self.headers.items()})
+                if fault == "429":
+                    self._answer(429, b'{"error": {"message": "slow down"}}', {"Retry-After": str(proxy.retry_after)})
+                elif fault.startswith("reply:"):
+                    payload = {
+                        "id": "x",
+                        "object": "chat.completion",
+                        "created": 0,
+                        "model": "m",
+                        "choices": [
+                            {
+                                "index": 0,
+                                "finish_reason": "stop",
+                                "message": {"role": "assistant", "content": fault.removeprefix("reply:")},
+                            }
+                        ],
+                        "usage": {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15},
+                    }
+                    self._answer(200, json.dumps(payload).encode())
+                elif fault == "400":
+                    self._answer(400, b'{"error": {"message": "unknown model"}}')
+                elif fault == "500":
+                    self._answer(500, b'{"error": {"message": "internal error"}}')
+                elif fault == "hang":
+                    time.sleep(proxy.hang_s)
+                    self.close_connection = True
+                elif fault == "malformed":
+                    self._answer(200, b'{"id": "x", "choices": [{"message": ')
+                elif fault == "no_choices":
+                    payload = {"id": "x", "object": "chat.completion", "created": 0, "model": "m", "choices": []}
+                    self._answer(200, json.dumps(payload).encode())
+                else:
+                    request = urllib.request.Request(
+                        proxy.upstream + self.path, data=body, headers={"content-type": "application/json"}
+                    )
+                    try:
+                        with urllib.request.urlopen(request, timeout=120) as response:
+                            self._answer(response.status, response.read())
+                    except urllib.error.HTTPError as error:
+                        self._answer(error.code, error.read())
+
+            def _answer(self, status: int, body: bytes, headers: dict | None = None):
+                try:
+                    self.send_response(status)
+                    self.send_header("content-type", "application/json")
+                    self.send_header("content-length", str(len(body)))
+                    for name, value in (headers or {}).items():
+                        self.send_header(name, value)
+                    self.end_headers()
+                    self.wfile.write(body)
+                except (BrokenPipeError, ConnectionResetError):
+                    pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.base_url = f"http://127.0.0.1:{self.server.server_address[1]}/v1"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    def __enter__(self) -> FaultProxy:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+    def done(self) -> list[str]:
+        with self.lock:
+            return [what for what, _ in self.log]

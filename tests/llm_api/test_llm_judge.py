@@ -1,0 +1,97 @@
+"""The rubric judge as an environment: rewards from parsed verdicts, failures excluded and counted,
+mixed with the GSM8K checker; the pairwise judge's shuffled order and the win rate's arithmetic."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from common.advantages import group_advantages, group_advantages_excluding
+from common.llm_client import LLMClient
+from environments import Environment, make_environment
+from environments.llm_judge import LLMJudgeEnvironment, PairwiseJudge, win_rate
+from fault_proxy import FaultProxy
+
+PROBLEM = {"question": "Tom has 3 apples and buys 2 more. How many apples?", "answer": "3 + 2 = 5\n#### 5"}
+
+
+def client_for(server, base_url=None, **options) -> LLMClient:
+    return LLMClient(server.model, base_url=base_url or server.base_url, api_key="k", timeout_s=5, **options)
+
+
+def test_a_judge_that_cannot_answer_in_form_excludes_every_sample_and_says_so(llm_server):
+    """The tiny model writes no JSON: every verdict fails to parse. No sample is scored 0."""
+    with client_for(llm_server) as client:
+        env = make_environment("llm_judge", client=client)
+        assert isinstance(env, Environment)
+        completions = ["#### 5", "It is 6.", "5 apples\n#### 5", "no idea"]
+        scores = env.score([PROBLEM] * 4, completions)
+        metrics = env.step_metrics()
+    assert all(s["judge_failed"] and math.isnan(s["reward"]) and s["judge_error"] for s in scores)
+    assert metrics["judge_failed"] == 4 and metrics["judge_failure_rate"] == 1.0
+    assert metrics["judge_requests"] == 4 and metrics["judge_tokens"] > 0
+    assert client.usage.parse_failures == 4
+    rewards = [s["reward"] for s in scores]
+    assert group_advantages_excluding(rewards, group_size=4) == ([0.0] * 4, 4)
+    with pytest.raises(ValueError, match="non-finite"):  # a loop that does not exclude stops loudly
+        group_advantages(rewards, group_size=4)
+
+
+def test_verdicts_become_rewards_mixed_with_the_checker(llm_server):
+    replies = [
+        '{"score": 10, "reason": "right and in format"}',
+        "The answer looks fine, 8/10.",  # not the required JSON: a failure
+        '{"score": 11, "reason": "too generous"}',  # outside 0..10: a failure
+        '```json\n{"score": 0, "reason": "wrong"}\n```',
+    ]
+    upstream = llm_server.base_url.removesuffix("/v1")
+    with FaultProxy(upstream, [f"reply:{r}" for r in replies]) as proxy:
+        with client_for(llm_server, proxy.base_url, max_concurrency=1) as client:
+            env = LLMJudgeEnvironment(client, verifiable="gsm8k", judge_weight=0.5)
+            completions = ["3 + 2 = 5\n#### 5", "#### 5", "#### 6", "It is 7"]
+            scores = env.score([PROBLEM] * 4, completions)
+            metrics = env.step_metrics()
+            assert env.prompt_messages(PROBLEM)[-1]["content"] == PROBLEM["question"]
+    # Each request carried the rubric, the question and the answer it grades.
+    for body, completion in zip(proxy.bodies, completions, strict=True):
+        assert "Answer to grade:\n" + completion in body["messages"][1]["content"]
+        assert body["temperature"] == 0.0
+    assert scores[0]["reward"] == pytest.approx(1.0 + 0.5 * 1.0) and scores[0]["correct"]
+    assert scores[3]["reward"] == pytest.approx(0.0) and not scores[3]["correct"]
+    assert scores[1]["judge_failed"] and "not JSON" in scores[1]["judge_error"] and math.isnan(scores[1]["reward"])
+    assert scores[2]["judge_failed"] and "outside 0..10" in scores[2]["judge_error"]
+    assert scores[1]["correct"] and scores[1]["format_reward"] == 1.0  # the checker's own fields stay
+    assert metrics["judge_failed"] == 2 and metrics["judge_failure_rate"] == 0.5
+    assert metrics["judge_score"] == pytest.approx(0.5)  # mean of the verdicts given: 1.0 and 0.0
+    advantages, excluded = group_advantages_excluding([s["reward"] for s in scores], 4, "none")
+    assert excluded == 2 and advantages == pytest.approx([0.75, 0.0, 0.0, -0.75])
+    assert env.step_metrics()["judge_failed"] == 0  # per step: counted once
+
+
+def test_the_pairwise_judge_shuffles_the_order_and_undoes_it(llm_server):
+    n = 40
+    upstream = llm_server.base_url.removesuffix("/v1")
+    # A judge with pure position bias: it always prefers the answer it reads first.
+    with FaultProxy(upstream, ['reply:{"better": 1, "reason": "first"}'] * n) as proxy:
+        with client_for(llm_server, proxy.base_url, max_concurrency=1) as client:
+            verdicts = PairwiseJudge(client, seed=3).compare(["q"] * n, [f"A{i}" for i in range(n)], ["B"] * n)
+    firsts = [v["a_first"] for v in verdicts]
+    assert 10 <= sum(firsts) <= 30  # both orders, about half each (seeded: the same every run)
+    for verdict, body, i in zip(verdicts, proxy.bodies, range(n), strict=True):
+        shown = body["messages"][1]["content"]
+        assert (shown.index(f"A{i}") < shown.index("\nB")) == verdict["a_first"]
+        assert verdict["winner"] == ("a" if verdict["a_first"] else "b")
+    # The bias cancels out in the rate: A wins exactly when it was shown first.
+    assert win_rate(verdicts)["win_rate"] == pytest.approx(sum(firsts) / n)
+
+
+def test_win_rate_counts_ties_half_and_failures_apart():
+    verdicts = [{"winner": w} for w in ["a", "a", "a", "b", "tie", None]]
+    result = win_rate(verdicts)
+    assert result["judged"] == 5 and result["failed"] == 1 and result["ties"] == 1
+    assert result["win_rate"] == pytest.approx(3.5 / 5)
+    outcomes = [1, 1, 1, 0, 0.5]
+    variance = sum((o - 0.7) ** 2 for o in outcomes) / 4
+    assert result["standard_error"] == pytest.approx(math.sqrt(variance / 5))
+    assert result["ci95_low"] == pytest.approx(0.7 - 1.96 * result["standard_error"])
+    assert math.isnan(win_rate([{"winner": None}])["win_rate"])
