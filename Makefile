@@ -55,8 +55,17 @@ IMAGE_ONLY := tests/scripts_common tests/code_rl tests/sandbox tests/sft_dpo/tes
 # The slowest tests of each part, so a run's log shows where the suite's time goes.
 PYTEST_REPORT := --durations=15 --durations-min=5
 
-# Every environment the tests use, built side by side on a fresh machine (three pip installs).
-environments: $(VENV)/.stamp $(SDK_V3_KERNEL) $(IMAGE_VENV)/.stamp
+# The browser test (tests/notebooks/test_jupyterlab_browser.py) opens the notebooks in JupyterLab in
+# Debian's Chromium, driven by Playwright: the browser comes from apt, never downloaded at run time.
+CHROMIUM := /usr/bin/chromium
+SUDO := $(if $(filter 0,$(shell id -u)),,sudo)
+$(CHROMIUM):
+	$(SUDO) apt-get update -q
+	$(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium
+
+# Every environment the tests use, built side by side on a fresh machine (three pip installs and,
+# where it is missing, Chromium).
+environments: $(VENV)/.stamp $(SDK_V3_KERNEL) $(IMAGE_VENV)/.stamp $(CHROMIUM)
 	@:
 
 # The image environment's tests run beside the main environment's, which alone keep the 2 cores busy

@@ -1,8 +1,54 @@
-"""Matplotlib plots of the scripts' metric records (``[{"step": 1, "loss": 0.9}, ...]``)."""
+"""Matplotlib plots of the scripts' metric records (``[{"step": 1, "loss": 0.9}, ...]``).
+
+No series is drawn where it cannot be seen: a series that keeps one value throughout (a pass rate that
+stays 0) says so in its legend label or panel title, and a series that lies exactly on one drawn before
+it is drawn dashed on top of it, its label saying which one it repeats.
+"""
 
 from __future__ import annotations
 
 import math
+
+
+def constant_value(values: list[float]) -> float | None:
+    """The value a series keeps at every point, or None when it moves."""
+    return values[0] if values and all(v == values[0] for v in values) else None
+
+
+def describe(label: str, values: list[float]) -> str:
+    """``label``, plus ": 0 throughout" when the series never moves."""
+    value = constant_value(values)
+    return f"{label}: {value:g} throughout" if value is not None and len(values) > 1 else label
+
+
+def plot_lines(ax, series: dict[str, tuple[list[float], list[float]]], marker_below: int = 30) -> None:
+    """Several series on one axes (``series``: label -> (x, y)), each visible and named in the legend.
+
+    A series whose points are those of one drawn before it would hide it (or be hidden): it is drawn
+    dashed, with hollow markers, on top, labelled "(same as <label>)"; a constant series says its value
+    in its label."""
+    drawn: list[tuple[str, list[float], list[float]]] = []
+    for label, (x, y) in series.items():
+        x, y = list(x), list(y)
+        if not y:
+            continue
+        text = describe(label, y)
+        twin = next((name for name, dx, dy in drawn if dx == x and dy == y), None)
+        marker = "o" if len(y) < marker_below else None
+        if twin is None:
+            ax.plot(x, y, marker=marker, label=text)
+        else:
+            ax.plot(
+                x,
+                y,
+                linestyle="--",
+                marker=marker,
+                markerfacecolor="none",
+                markersize=9,
+                label=f"{text} (same as {twin})",
+            )
+        drawn.append((label, x, y))
+    ax.legend(fontsize="small")
 
 
 def plot_metrics(
@@ -13,7 +59,8 @@ def plot_metrics(
     marks: dict[str, float] | None = None,
 ):
     """One small panel per metric against step; ``marks`` ({label: step}) draws labelled vertical
-    lines (e.g. where a job resumed). Returns the figure."""
+    lines (e.g. where a job resumed). A metric that keeps one value says so in its panel's title.
+    Returns the figure."""
     import matplotlib.pyplot as plt
 
     if not records:
@@ -29,7 +76,7 @@ def plot_metrics(
     for ax, name in zip(axes.flat, names, strict=False):
         points = [(r["step"], r[name]) for r in records if name in r]
         ax.plot([p[0] for p in points], [p[1] for p in points], marker="o" if len(points) < 30 else None)
-        ax.set_title(name)
+        ax.set_title(describe(name, [p[1] for p in points]))
         ax.set_xlabel("step")
         ax.grid(alpha=0.3)
         for label, step in (marks or {}).items():
@@ -45,19 +92,18 @@ def plot_metrics(
 
 
 def compare_runs(runs: dict[str, list[dict]], name: str, ax=None):
-    """One metric of several jobs on the same axes (``runs``: label -> records)."""
+    """One metric of several jobs on the same axes (``runs``: label -> records), none hidden."""
     import matplotlib.pyplot as plt
 
     if ax is None:
         _, ax = plt.subplots(figsize=(6, 3.5))
+    series = {}
     for label, records in runs.items():
         points = [(r["step"], r[name]) for r in records if name in r]
         if points:
-            ax.plot(
-                [p[0] for p in points], [p[1] for p in points], label=label, marker="o" if len(points) < 30 else None
-            )
+            series[label] = ([p[0] for p in points], [p[1] for p in points])
+    plot_lines(ax, series)
     ax.set_title(name)
     ax.set_xlabel("step")
     ax.grid(alpha=0.3)
-    ax.legend(fontsize="small")
     return ax

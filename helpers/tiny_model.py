@@ -1,7 +1,7 @@
 """A tiny causal LM and its tokenizer, built offline in seconds.
 
 The Hugging Face Hub is out of reach in tests and CI, so local mode, the tests and the
-main job use a Qwen2-architecture model of about 1.3 M parameters with a byte-level BPE
+main job use a Qwen2-architecture model of about 1.1 M parameters with a byte-level BPE
 tokenizer trained here on the project's own text. It is saved with ``save_pretrained``
 and loads with ``AutoModelForCausalLM`` / ``AutoTokenizer`` like any hub model, so the
 training scripts cannot tell it from ``Qwen/Qwen2.5-0.5B-Instruct``. Built with transformers 5,

@@ -598,4 +598,4 @@ def test_summary_says_what_each_curve_did(tmp_path):
     curves = {c["metric"]: c for c in summary["curves"]}
     assert set(curves) == {"reward", "format_reward", "frac_reward_zero_std"}
     assert (curves["reward"]["first"], curves["reward"]["last"], curves["reward"]["steps"]) == (0.1, 0.9, 6)
-    assert "03_boto3_grpo: reward 0.1 -> 0.9 over 6 steps (should: rises)" in run_notebooks.render_markdown(summary)
+    assert "03_boto3_grpo: reward 0.1 -> 0.9 over 6 steps: rises, as expected" in run_notebooks.render_markdown(summary)

@@ -336,3 +336,15 @@ def test_teacher_and_judge_notebook_accounts_for_every_request_and_shows_no_key(
     assert usage["requests"] + usage["failures"] == judged  # every verdict asked once: answered or failed, none lost
     assert usage["parse_failures"] <= usage["requests"] and usage["total_tokens"] > 0
     assert LOCAL_API_KEY not in (notebook_run.out / "notebooks" / "13_teacher_and_judge.ipynb").read_text()
+
+
+def test_every_direction_the_summary_states_holds(notebook_run):
+    """The summary claims no direction its own figures contradict (the curves without one, such as
+    sampled accuracy, carry their reason instead)."""
+    curves = run_notebooks.learning_curves(notebook_run.state, notebook_run.out)
+    stated = [c for c in curves if c["should"]]
+    assert {c["notebook"][:2] for c in stated} >= {"01", "02", "03", "04", "05"}
+    assert [run_notebooks.render_curve(c) for c in stated if not c["holds"]] == []
+    text = (notebook_run.out / "summary.md").read_text()
+    assert "should" not in text and "and it did not" not in text
+    assert all(run_notebooks.render_curve(c) in text for c in curves)
