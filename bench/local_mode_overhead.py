@@ -70,7 +70,7 @@ def main() -> None:
     import contextlib
 
     from helpers import local_mode
-    from helpers.session import execution_role, make_session
+    from helpers.sagemaker_session import execution_role, make_session
 
     code = Path(root) / "code"
     code.mkdir()

@@ -75,7 +75,7 @@ def local_mode_rows(quick: bool) -> list[Row]:
     os.environ["SAGEMAKER_LOCAL_ROOT"] = root
     os.environ.setdefault("SAGEMAKER_SUPPRESS_V2_WARNING", "1")
     from helpers import local_mode
-    from helpers.session import execution_role, make_session
+    from helpers.sagemaker_session import execution_role, make_session
 
     code = Path(root) / "code"
     code.mkdir()

@@ -1,6 +1,6 @@
 """The AWS account local mode answers as, and the execution role its jobs and sessions assume.
 
-One definition for both environments: the job notebooks' (SDK v2, ``helpers.session``), local mode's
+One definition for both environments: the job notebooks' (SDK v2, ``helpers.sagemaker_session``), local mode's
 API, and the training-session notebooks' (SDK v3, ``session_loops.common``). It imports nothing, so
 either environment imports it.
 """

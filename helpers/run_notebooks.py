@@ -26,7 +26,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from helpers import session_notebooks as training_sessions
+from helpers import training_session_notebooks as training_sessions
 from helpers.local_mode import hosts as hostlib
 from helpers.local_mode import sessions
 

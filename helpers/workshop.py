@@ -1,7 +1,7 @@
 """What every notebook does first: a session, a role, a bucket, and the shared state file.
 
 ``start(...)`` opens the SageMaker session for the run mode (``sagemaker``, ``local`` or
-``auto``; see ``helpers.session``), finds the execution role and the default bucket, says
+``auto``; see ``helpers.sagemaker_session``), finds the execution role and the default bucket, says
 all of it, and records every CreateTrainingJob the session sends.
 
 The notebooks hand results to each other through one small JSON file, the *state file*
@@ -158,8 +158,8 @@ def start(
     bucket: str | None = None,
     state_file: str | Path = DEFAULT_STATE_FILE,
 ) -> Workshop:
-    """Open the session for ``run_mode`` (``helpers.session.make_session``) and say where everything goes."""
-    from helpers.session import describe_mode, execution_role, make_session
+    """Open the session for ``run_mode`` (``helpers.sagemaker_session.make_session``) and say where everything goes."""
+    from helpers.sagemaker_session import describe_mode, execution_role, make_session
 
     _plain_tracebacks()
     try:

@@ -4,7 +4,7 @@
 handlers (api.py) and S3/STS/Logs/CloudWatch by moto (aws.py); jobs run the real
 ``sagemaker-training`` toolkit, one process per host (runner.py and the modules it names). State lives under
 ``$SAGEMAKER_LOCAL_ROOT`` (default ``~/.sagemaker-local``, storage.py). Notebooks reach this
-through ``helpers.session.make_session(run_mode="local")``.
+through ``helpers.sagemaker_session.make_session(run_mode="local")``.
 """
 
 from __future__ import annotations

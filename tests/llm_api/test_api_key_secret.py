@@ -40,7 +40,7 @@ def places_holding(root: Path, marker: str) -> list[str]:
 def local_session(tmp_path, monkeypatch):
     monkeypatch.setenv("SAGEMAKER_LOCAL_ROOT", str(tmp_path / "sagemaker-local"))
     from helpers import local_mode
-    from helpers.session import make_session
+    from helpers.sagemaker_session import make_session
 
     session = make_session(run_mode="local")
     yield session
@@ -53,7 +53,7 @@ def test_a_job_reads_the_key_from_secrets_manager_and_leaks_it_nowhere(
     from sagemaker.inputs import TrainingInput
     from sagemaker.pytorch import PyTorch
 
-    from helpers.session import execution_role
+    from helpers.sagemaker_session import execution_role
 
     marker = f"marker-key-{uuid.uuid4().hex}"
     local_session.boto_session.client("secretsmanager").create_secret(Name=SECRET_NAME, SecretString=marker)

@@ -14,7 +14,7 @@ def local_session(tmp_path, monkeypatch):
     """make_session("local") on an empty state root; the jobs it started are stopped afterwards."""
     monkeypatch.setenv("SAGEMAKER_LOCAL_ROOT", str(tmp_path / "sagemaker-local"))
     from helpers import local_mode
-    from helpers.session import make_session
+    from helpers.sagemaker_session import make_session
 
     session = make_session(run_mode="local")
     yield session
@@ -28,6 +28,6 @@ def fixture_code() -> Path:
 
 @pytest.fixture
 def role(local_session) -> str:
-    from helpers.session import execution_role
+    from helpers.sagemaker_session import execution_role
 
     return execution_role(local_session)

@@ -15,7 +15,7 @@ LATER_KERNEL = textwrap.dedent(
     """
     import io, json, sys, tarfile
     from sagemaker.pytorch import PyTorch
-    from helpers.session import make_session
+    from helpers.sagemaker_session import make_session
 
     session = make_session(run_mode="local")
     job_name = sys.argv[1]
@@ -66,7 +66,7 @@ KERNEL_THAT_DIES = textwrap.dedent(
     """
     import pathlib, sys, time
     from sagemaker.pytorch import PyTorch
-    from helpers.session import execution_role, make_session
+    from helpers.sagemaker_session import execution_role, make_session
 
     session = make_session(run_mode="local")
     estimator = PyTorch(

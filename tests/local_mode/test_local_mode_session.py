@@ -6,7 +6,7 @@ import pytest
 import sagemaker
 
 from helpers import local_mode
-from helpers.session import LOCAL_ROLE, describe_mode, execution_role, make_session
+from helpers.sagemaker_session import LOCAL_ROLE, describe_mode, execution_role, make_session
 
 
 @pytest.fixture

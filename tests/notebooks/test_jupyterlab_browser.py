@@ -45,7 +45,7 @@ CHROMIUM_FLAGS = [
     "--disable-sync",
 ]
 SCREENSHOTS = REPO / "outputs" / "browser"
-JOB_NOTEBOOK, SESSION_NOTEBOOK = "01_estimator_sft.ipynb", "07_session_sft.ipynb"
+JOB_NOTEBOOK, SESSION_NOTEBOOK = "01_estimator_sft.ipynb", "07_training_session_sft.ipynb"
 STEP_LABEL = re.compile(r"^(\d+)/(\d+)$")  # the live widget's "12/80"
 LAB_CONFIG = """
 c.ServerApp.ip = "127.0.0.1"

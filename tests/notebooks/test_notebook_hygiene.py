@@ -13,7 +13,9 @@ import pytest
 from helpers.notebook_hygiene import CHECK_MARK, is_checked, problems, strip
 
 REPO = Path(__file__).resolve().parents[2]
-NOTEBOOKS = sorted((REPO / "notebooks").glob("0[0-6]_*.ipynb"))  # the job notebooks; 07+: test_session_notebooks.py
+NOTEBOOKS = sorted(
+    (REPO / "notebooks").glob("0[0-6]_*.ipynb")
+)  # the job notebooks; 07+: test_training_session_notebooks.py
 
 
 def test_there_are_seven_numbered_notebooks():

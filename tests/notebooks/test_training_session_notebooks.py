@@ -1,7 +1,7 @@
 """The training-session notebooks (07 onwards): hygiene, and what their local-mode run shows.
 
 They run once, in the shared main-job run (fixture ``notebook_run``: papermill, CI parameters from
-``helpers/session_notebooks.py``, the SDK v3 kernel ``sagemaker-sdk-v3``); these tests read
+``helpers/training_session_notebooks.py``, the SDK v3 kernel ``sagemaker-sdk-v3``); these tests read
 the records each notebook left in ``<work_dir>/training_sessions.json``.
 """
 
@@ -16,23 +16,23 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from helpers import run_notebooks, session_notebooks
+from helpers import run_notebooks, training_session_notebooks
 from helpers.notebook_hygiene import cut_notebooks, kernel_environment, problems
 
 REPO = Path(__file__).resolve().parents[2]
 SESSION_NOTEBOOKS = sorted(
     p
     for p in (REPO / "notebooks").glob("[0-9][0-9]_*session_*.ipynb")
-    if p.name >= "07" and p.name[:2] in session_notebooks.NOTEBOOKS
+    if p.name >= "07" and p.name[:2] in training_session_notebooks.NOTEBOOKS
 )
 
 
 def test_the_session_notebooks_are_there():
     assert [p.name for p in SESSION_NOTEBOOKS] == [
-        "07_session_sft.ipynb",
-        "08_session_grpo.ipynb",
-        "09_session_code_rl.ipynb",
-        "10_session_raw_api.ipynb",
+        "07_training_session_sft.ipynb",
+        "08_training_session_grpo.ipynb",
+        "09_training_session_code_rl.ipynb",
+        "10_training_session_boto3.ipynb",
         "12_training_session_dpo.ipynb",
     ]
 
@@ -42,7 +42,7 @@ def test_session_notebook_is_clean_and_runs_in_the_sdk_v3_kernel(path):
     nb = nbformat.read(str(path), as_version=4)
     nbformat.validate(nb)
     assert nb.metadata["kernelspec"]["name"] == "sagemaker-sdk-v3"
-    assert session_notebooks.kernel_name(path) == "sagemaker-sdk-v3"
+    assert training_session_notebooks.kernel_name(path) == "sagemaker-sdk-v3"
     # The job notebooks' rules, but for the kernel, which is the SDK v3 environment's.
     assert [p for p in problems(nb) if not p.startswith("metadata.kernelspec")] == []
     lint = subprocess.run(
@@ -222,7 +222,7 @@ def _record(notebook_run, prefix: str) -> dict:
 def test_session_sft_lowers_the_loss_and_is_billed(notebook_run):
     record = _record(notebook_run, "07")
     assert record["status"] == "Stopped"  # stopped at the end
-    assert record["steps"] == session_notebooks.CI_PARAMETERS["07"]["steps"]
+    assert record["steps"] == training_session_notebooks.CI_PARAMETERS["07"]["steps"]
     first, last = record["first_loss"], record["final_metrics"]["loss"]
     assert last < first - 0.3, (first, last)
     held_out = record["held_out_loss"]
@@ -261,14 +261,14 @@ def test_session_grpo_resumed_with_its_optimizer_repeats_the_steps_and_without_i
 def test_session_code_rl_judges_every_step_in_the_sandbox_while_sampling(notebook_run):
     record = _record(notebook_run, "09")
     assert record["status"] == "Stopped"
-    assert record["steps"] == session_notebooks.CI_PARAMETERS["09"]["steps"]
+    assert record["steps"] == training_session_notebooks.CI_PARAMETERS["09"]["steps"]
     assert 0 < record["no_code_rate"]["first_quarter"] < 1  # some completions hold a program, some not
     final = record["final_metrics"]
     assert {"accepted_rate", "wrong_answer_rate", "runtime_error_rate", "pass_rate", "judge_time"} <= set(final)
     assert final["judge_time"] > 0  # the sandbox pool judged the last step's programs
     assert record["billable_tokens"]["sample"] > 0 and record["billable_tokens"]["training"] > 0
     summary = (notebook_run.out / "summary.md").read_text()
-    assert "09_session_code_rl" in summary and "completions without a program" in summary
+    assert "09_training_session_code_rl" in summary and "completions without a program" in summary
 
 
 def test_session_code_rl_writes_programs_more_often(notebook_run):
@@ -283,10 +283,10 @@ def test_session_code_rl_writes_programs_more_often(notebook_run):
 
 def test_raw_api_notebook_steps_with_sequence_numbers_and_deletes_its_session(notebook_run):
     ran = {r["notebook"]: r for r in notebook_run.summary["notebooks"]}
-    assert ran["10_session_raw_api.ipynb"]["status"] == "ok", ran["10_session_raw_api.ipynb"]
-    executed = nbformat.read(notebook_run.out / "notebooks" / "10_session_raw_api.ipynb", as_version=4)
+    assert ran["10_training_session_boto3.ipynb"]["status"] == "ok", ran["10_training_session_boto3.ipynb"]
+    executed = nbformat.read(notebook_run.out / "notebooks" / "10_training_session_boto3.ipynb", as_version=4)
     text = "".join(o.get("text", "") for c in executed.cells if c.cell_type == "code" for o in c.outputs)
-    steps = session_notebooks.CI_PARAMETERS["10"]["steps"]
+    steps = training_session_notebooks.CI_PARAMETERS["10"]["steps"]
     losses = [float(line.split("loss per answer token ")[1]) for line in text.splitlines() if "loss per answer" in line]
     assert len(losses) == steps and losses[-1] < losses[0], losses
     assert f"LastReceivedSequenceNumber {2 * steps}" in text  # the retried client token ran nothing new
@@ -296,7 +296,7 @@ def test_raw_api_notebook_steps_with_sequence_numbers_and_deletes_its_session(no
 def test_session_dpo_raises_preference_accuracy_and_margin(notebook_run):
     record = _record(notebook_run, "12")
     assert record["status"] == "Stopped"  # stopped in the loop cell's finally
-    assert record["steps"] == session_notebooks.CI_PARAMETERS["12"]["steps"]
+    assert record["steps"] == training_session_notebooks.CI_PARAMETERS["12"]["steps"]
     preference = record["preference"]
     accuracy, margin = preference["accuracy"], preference["margin"]
     # Measured with the CI parameters (16 steps of 16 pairs, lr 3e-3), first quarter -> last quarter of the steps:
@@ -311,7 +311,7 @@ def test_session_dpo_raises_preference_accuracy_and_margin(notebook_run):
         0.693147, abs=1e-6
     )
     after = preference["held_out_after"]
-    assert after["pairs"] == session_notebooks.CI_PARAMETERS["12"]["held_out_pairs"]
+    assert after["pairs"] == training_session_notebooks.CI_PARAMETERS["12"]["held_out_pairs"]
     assert 0 < after["likelihood_accuracy_se"] < 0.2 and after["margin_se"] > 0
     # The technique's second pass: the loop's forward passes read every training token once more (prefill).
     billed = record["billable_tokens"]
@@ -333,12 +333,12 @@ def test_the_summary_gives_held_out_figures_with_their_standard_errors_and_the_p
     }
     base = {"status": "Stopped", "steps": 8, "final_metrics": {}, "billable_tokens": {}}
     lines = "\n".join(
-        session_notebooks.render(
+        training_session_notebooks.render(
             [
-                {**base, "notebook": "08_session_grpo", "session": "a", "held_out": held_out},
+                {**base, "notebook": "08_training_session_grpo", "session": "a", "held_out": held_out},
                 {
                     **base,
-                    "notebook": "09_session_code_rl",
+                    "notebook": "09_training_session_code_rl",
                     "session": "b",
                     "pass_rate": {"first_quarter": 0.0, "last_quarter": 0.125},
                     "held_out": {**held_out, "measure": "pass rate"},
