@@ -448,7 +448,8 @@ def run_session(profile: dict, model: Path, seed: int, max_steps: int, work: Pat
         )
         if done.returncode != 0:
             raise RuntimeError(f"the session client failed:\n{done.stdout[-2000:]}\n{done.stderr[-4000:]}")
-        result = json.loads(done.stdout.strip().splitlines()[-1])
+        # The result is the client's JSON line; the session's own lines (Running, Stopped) come around it.
+        result = json.loads([line for line in done.stdout.splitlines() if line.startswith("{")][-1])
         result["service_peak_rss_mib"] = service_peak_rss_mib(endpoint.pid)
     finally:
         sessions.stop_service(root)
