@@ -329,14 +329,12 @@ def train(args: DPOArgs, learners: distributed.Learners) -> bool:
             logger.log(step, record)
 
         # ---- checkpoints by steps/minutes; on SIGTERM save and stop (the restarted job resumes here)
-        stop = sigterm.should_stop(learners)
-        if stop or checkpoint_schedule.due(step, learners):
-            extra = {"batch_order": batch_order.state_dict()}
-            if ref_table is not None:
-                extra.update(ref_logps=ref_table, test_ref_logps=test_ref_table)
-            checkpointer.save(step, model, optimizer, scheduler, extra=extra)
-        if stop:
-            log.warning("stopped by SIGTERM after step %d; the checkpoint resumes from here", step)
+        extra = {"batch_order": batch_order.state_dict()}
+        if ref_table is not None:  # the reference log-probs, computed once, resume with the model
+            extra.update(ref_logps=ref_table, test_ref_logps=test_ref_table)
+        if checkpoints.save_at_step_end(
+            step, checkpointer, checkpoint_schedule, sigterm, model, optimizer, scheduler, extra=extra
+        ):
             return False
 
     checkpointer.wait()  # a background checkpoint still being written needs the process group
