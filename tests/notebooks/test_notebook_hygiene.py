@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -96,3 +97,32 @@ def test_strip_removes_outputs_but_keeps_checked_ones():
     assert nb.cells[0].outputs == [] and nb.cells[0].execution_count is None
     assert nb.cells[1].outputs[0]["text"] == "1\n" and nb.cells[1].execution_count == 1
     assert "papermill" not in nb.metadata
+
+
+# A measured-looking figure in prose: a share or rate with two or more decimals (0.43), a value with an
+# arrow after it (6.92 -> 6.26), or a "±". Prose states what a run shows in words; the figures come from
+# the cells that compute them. (Versions such as Python 3.12 are neither.)
+MEASURED_FIGURE = re.compile(r"(?<![\w.])0\.\d{2,}(?![\w.])|\d\.\d+ ?(?:->|→)|±")
+
+
+def prose_without_code(markdown: str) -> str:
+    """The markdown's prose: fenced blocks and inline code spans (log lines, versions) left out."""
+    return re.sub(r"`[^`]*`", "", re.sub(r"```.*?```", "", markdown, flags=re.S))
+
+
+@pytest.mark.parametrize("path", sorted((REPO / "notebooks").glob("[0-9][0-9]_*.ipynb")), ids=lambda p: p.name[:2])
+def test_prose_quotes_no_measured_figure(path):
+    """Markdown cannot know what the run on its page computed: a figure written there is another run's."""
+    notebook = nbformat.read(str(path), as_version=4)
+    found = [
+        (index, MEASURED_FIGURE.findall(prose_without_code(cell.source)))
+        for index, cell in enumerate(notebook.cells)
+        if cell.cell_type == "markdown" and MEASURED_FIGURE.search(prose_without_code(cell.source))
+    ]
+    assert found == [], f"{path.name}: markdown cells quote figures {found}; print them from a code cell instead"
+
+
+def test_the_prose_check_finds_a_quoted_figure():
+    assert MEASURED_FIGURE.search(prose_without_code("held-out accuracy went 0.295 -> 0.328"))
+    assert MEASURED_FIGURE.search(prose_without_code("margin 3.58 ± 0.13"))
+    assert not MEASURED_FIGURE.search(prose_without_code("Python 3.12, 16 steps, `step=12 loss=0.4312`"))
