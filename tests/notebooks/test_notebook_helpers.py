@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import json
 import math
 import textwrap
@@ -11,6 +12,8 @@ import pytest
 from botocore.exceptions import ClientError, NoCredentialsError
 
 from helpers import cost, errors, job_request, live, metrics, show
+
+REPO = show.REPO
 
 # --------------------------------------------------------------------------- metrics
 
@@ -216,6 +219,28 @@ def test_show_names_what_exists_when_a_name_is_wrong(tmp_path):
 
 def test_show_reads_the_real_scripts():
     assert "def grpo_loss" in show.find_definition("scripts/grpo.py", "grpo_loss").text
+
+
+def test_every_excerpt_a_notebook_shows_is_found():
+    """Each ``show(...)`` in a notebook still names code that exists: moving a function out of a script
+    breaks the notebook's cell, and this says which one in seconds, not at the end of the main job."""
+    calls = []
+    for notebook in sorted((REPO / "notebooks").glob("*.ipynb")):
+        for cell in json.loads(notebook.read_text())["cells"]:
+            if cell["cell_type"] != "code":
+                continue
+            source = "".join(cell["source"])
+            tree = ast.parse("\n".join(line for line in source.splitlines() if not line.startswith(("%", "!"))))
+            for node in ast.walk(tree):
+                if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "show":
+                    args = [ast.literal_eval(a) for a in node.args]
+                    kwargs = {k.arg: ast.literal_eval(k.value) for k in node.keywords}
+                    calls.append((notebook.name, args, kwargs))
+    assert len(calls) >= 10, calls
+    for name, args, kwargs in calls:
+        script = REPO / "notebooks" / args[0]  # the notebooks run from notebooks/
+        excerpt = show.find_definition(script, args[1]) if len(args) > 1 else show.find_region(script, **kwargs)
+        assert excerpt.text.strip(), (name, args, kwargs)
 
 
 # --------------------------------------------------------------------------- requests

@@ -106,8 +106,12 @@ def test_session_loops_hold_no_second_copy_of_a_loop():
     """The loops live in the notebooks: the package holds plumbing, and no module calls the step's
     operations itself (nor runs as a command: a notebook runs from a terminal through papermill)."""
     for path in sorted((REPO / "session_loops").glob("*.py")):
-        tree = ast.parse(path.read_text())
-        assert not {"forward_backward", "optim_step"} & _calls(tree), path.name
+        calls = _calls(ast.parse(path.read_text()))
+        assert "optim_step" not in calls, path.name  # a step ends in optim_step: that call is the notebook's
+        # The custom-loss technique wraps forward_backward (a forward, then the weighted call); the
+        # notebook still sends optim_step after it.
+        if path.name != "logprob_loss.py":
+            assert "forward_backward" not in calls, path.name
         if path.name != "local_warm_start.py":  # builds local mode's warm-start models, in the main environment
             assert "__main__" not in path.read_text(), path.name
 
