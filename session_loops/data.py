@@ -34,3 +34,17 @@ def offline_code_problems(n: int, seed: int = 0) -> list[dict]:
     from helpers import offline_data
 
     return [normalize_problem(row) for row in offline_data.code_problem_records(n, seed=seed)]
+
+
+def staged_file(work_dir, name: str, split: str):
+    """The file notebook 0 staged for data set ``name`` (``gsm8k``, ``code``, ``preferences``, ``chat``)
+    and ``split`` (``train``, ``test``): ``<work_dir>/data/channels/<name>/<split>/<split>.jsonl``, the
+    folder it also uploaded as the training jobs' channel."""
+    from pathlib import Path
+
+    path = Path(work_dir) / "data" / "channels" / name / split / f"{split}.jsonl"
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"No {name} {split} split at {path}: run notebook 0 first with the same work_dir ({work_dir!r})."
+        )
+    return path

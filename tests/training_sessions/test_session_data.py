@@ -62,3 +62,19 @@ def test_code_rows_are_normalised_and_checked_without_torch(tmp_path):
     out = read(tmp_path, "code", ["{not json"])
     assert "line 1" in out["error"] and "not valid JSON" in out["error"], out
     assert out["torch"] is False
+
+
+def test_the_session_notebooks_find_the_files_notebook_0_staged(tmp_path):
+    """Notebook 0 writes each data set as the jobs' channel folders; the session notebooks read the same
+    files, and without them say to run notebook 0 with the same work_dir."""
+    from helpers import data_prep
+    from helpers.offline_data import DATASETS
+    from session_loops import data
+
+    with pytest.raises(FileNotFoundError, match="run notebook 0 first with the same work_dir"):
+        data.staged_file(tmp_path, "gsm8k", "train")
+    for name in ("gsm8k", "code", "preferences"):
+        rows = DATASETS[name](6, seed=0)
+        data_prep.write_channels({"train": rows[:4], "test": rows[4:]}, tmp_path / "data" / "channels" / name)
+        assert len(data.staged_file(tmp_path, name, "train").read_text().splitlines()) == 4
+        assert len(data.staged_file(tmp_path, name, "test").read_text().splitlines()) == 2
