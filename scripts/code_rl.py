@@ -108,6 +108,11 @@ class CodeRLArgs(grpo.GRPOArgs):
 
     def validate(self, world_size: int) -> None:
         super().validate(world_size)
+        if self.judge_model:
+            raise UserError(
+                f"--judge_model {self.judge_model!r}: code_rl.py's reward is its programs' tests; an LLM judge "
+                "mixes with the GSM8K checker in grpo.py."
+            )
         contract.require_at_least_one(self, "memory_limit_mb", "output_limit_mb")
         for name in ("time_limit", "judge_timeout", "verdict_timeout"):
             if getattr(self, name) <= 0:

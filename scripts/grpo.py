@@ -22,15 +22,18 @@ On SageMaker the toolkit passes hyperparameters as ``--key value`` and data as c
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Literal
 
 import torch
 from common import checkpoints, contract, data, distributed, generation, metrics, models
-from common.advantages import group_advantages
+from common.advantages import group_advantages_excluding, is_flat
 from common.contract import UserError, option
 from environments import Environment
 from transformers import get_constant_schedule_with_warmup, get_cosine_schedule_with_warmup
@@ -80,6 +83,16 @@ class GRPOArgs(contract.TrainingArgs):
         "group", "group: divide advantages by the group's reward std; none: only subtract the group mean (Dr. GRPO)"
     )
     format_reward_weight: float = option(0.0, "weight of the environment's format reward added to the reward")
+    judge_model: str = option(
+        "",
+        "an LLM judge's model name at an OpenAI-compatible endpoint: --judge_weight x its rubric score (0-1) "
+        "joins the GSM8K checker's reward; a sample it fails to judge is left out of its group. Empty: the checker alone",
+    )
+    judge_weight: float = option(0.5, "weight of the judge's score (0-1) added to the checker's reward")
+    llm_base_url: str = option("", "the judge's OpenAI-compatible endpoint (default: OPENAI_BASE_URL)")
+    llm_api_key_secret: str = option(
+        "", "name of the AWS Secrets Manager secret holding the judge's API key (default: OPENAI_API_KEY, by hand)"
+    )
     lr_scheduler: Literal["cosine", "constant"] = option("constant", "learning-rate schedule after warm-up")
     warmup_steps: int = option(0, "steps of linear warm-up")
     weight_decay: float = option(0.0, "AdamW weight decay on matrices (not on biases and norms)")
@@ -198,7 +211,9 @@ def grpo_loss(
 def rewards_of(
     scores: list[dict], completions: list[str], env: Environment, format_reward_weight: float
 ) -> list[float]:
-    """Each completion's reward: the environment's, plus ``format_reward_weight`` x its format reward."""
+    """Each completion's reward: the environment's, plus ``format_reward_weight`` x its format reward.
+    NaN where the environment could not score a completion (an LLM judge that failed): the advantage
+    leaves it out of its group, and the step's metrics count it."""
     if len(scores) != len(completions):
         raise RuntimeError(
             f"{type(env).__name__}.score returned {len(scores)} scores for "
@@ -306,12 +321,15 @@ def step_metrics(
     ``clipped_tokens``, ``kl``, ``grad_norm``); ``times``: its seconds per phase. Sums are taken over
     the learners in one all-reduce, then turned into means. Called on every learner."""
     correct = [float(s["correct"]) for s in scores if "correct" in s]
+    rewarded = ~rewards.isnan()  # a sample an LLM judge failed to score has no reward
+    groups = rewards.view(-1, args.num_generations).tolist()
     formats = [float(s["format_reward"]) for s in scores if "format_reward" in s]
     totals = distributed.reduce_sums(
         {
             "completions": len(scores),
-            "reward": rewards.sum(),
-            "reward_squares": (rewards**2).sum(),
+            "rewarded": rewarded.sum(),
+            "reward": rewards[rewarded].sum(),
+            "reward_squares": (rewards[rewarded] ** 2).sum(),
             "judged": len(correct),
             "correct": sum(correct),
             "formatted": len(formats),
@@ -319,7 +337,7 @@ def step_metrics(
             "tokens": mask.sum(),
             "sequence_tokens": attention_mask.sum(),
             "groups": len(scores) // args.num_generations,
-            "zero_std_groups": (rewards.view(-1, args.num_generations).std(dim=1) == 0).sum(),
+            "zero_std_groups": sum(is_flat([r for r in group if not math.isnan(r)]) for group in groups),
             "loss": update["loss"] / args.num_iterations,
             "clipped_tokens": update["clipped_tokens"],
             "kl": update["kl"],
@@ -328,13 +346,17 @@ def step_metrics(
         },
         learners,
     )
-    n = totals["completions"]
+    n, rewarded_n = totals["completions"], max(totals["rewarded"], 1)
     updated_tokens = totals["tokens"] * args.num_iterations
-    reward_mean = totals["reward"] / n
+    reward_mean = totals["reward"] / rewarded_n
     line = {
         "reward": reward_mean,
-        "reward_std": math.sqrt(max(totals["reward_squares"] / n - reward_mean**2, 0.0) * n / max(n - 1, 1)),
+        "reward_std": math.sqrt(
+            max(totals["reward_squares"] / rewarded_n - reward_mean**2, 0.0) * rewarded_n / max(rewarded_n - 1, 1)
+        ),
     }
+    if args.judge_model:
+        line["unrewarded"] = n - totals["rewarded"]  # left out of their groups' advantages
     if totals["judged"]:
         line["accuracy"] = totals["correct"] / totals["judged"]
     if totals["formatted"]:
@@ -428,8 +450,8 @@ def train(args: GRPOArgs, env: Environment, learners: distributed.Learners) -> b
         rewards = torch.tensor(rewards_of(scores, completion_texts, env, args.format_reward_weight))
         times["reward_time"] = time.perf_counter() - started
 
-        # ---- 4. group-relative advantages (a group never spans learners)
-        advantages = group_advantages(rewards.tolist(), args.num_generations, args.scale_rewards)
+        # ---- 4. group-relative advantages (a group never spans learners); an unscored sample gets 0
+        advantages, _ = group_advantages_excluding(rewards.tolist(), args.num_generations, args.scale_rewards)
         advantages = torch.tensor(advantages, dtype=torch.float32, device=learners.device)
 
         # ---- 5. the policy update on prompt + completion rows
@@ -467,12 +489,29 @@ def train(args: GRPOArgs, env: Environment, learners: distributed.Learners) -> b
     return True
 
 
-def main() -> None:
+@contextlib.contextmanager
+def reward_environment(args: GRPOArgs) -> Iterator[Environment]:
+    """The GSM8K checker, or, with ``--judge_model``, an LLM judge mixed with it. The judge's answers are
+    cached under the checkpoint folder, which SageMaker syncs: a resumed job pays only for new ones."""
     from environments.gsm8k import GSM8KEnvironment
 
+    if not args.judge_model:
+        yield GSM8KEnvironment()
+        return
+    from common.llm_client import LLMClient, api_key_from_secret
+    from environments.llm_judge import LLMJudgeEnvironment
+
+    api_key = api_key_from_secret(args.llm_api_key_secret) if args.llm_api_key_secret else None
+    cache = Path(args.checkpoint_dir or contract.default_checkpoint_dir()) / "llm_cache"
+    with LLMClient(args.judge_model, base_url=args.llm_base_url or None, api_key=api_key, cache_dir=cache) as client:
+        yield LLMJudgeEnvironment(client, verifiable="gsm8k", judge_weight=args.judge_weight)
+        log.info("judge: %s", client.usage.report())
+
+
+def main() -> None:
     args = parse_args()
-    with distributed.started() as learners:
-        train(args, GSM8KEnvironment(), learners)
+    with distributed.started() as learners, reward_environment(args) as env:
+        train(args, env, learners)
 
 
 if __name__ == "__main__":

@@ -95,3 +95,44 @@ def test_win_rate_counts_ties_half_and_failures_apart():
     assert result["standard_error"] == pytest.approx(math.sqrt(variance / 5))
     assert result["ci95_low"] == pytest.approx(0.7 - 1.96 * result["standard_error"])
     assert math.isnan(win_rate([{"winner": None}])["win_rate"])
+
+
+def test_grpo_job_mixes_the_judge_with_the_checker_and_leaves_out_what_it_could_not_judge(
+    llm_server, tiny_model_path, offline_data, tmp_path
+):
+    """grpo.py with --judge_model: the judge's verdicts join the checker's reward; a verdict that does
+    not parse leaves its sample out of its group (counted as ``unrewarded``), and the job trains on."""
+    import json
+    import re
+
+    from container_env import container_env, run_script
+
+    verdicts = [json.dumps({"score": score, "reason": "r"}) for score in (10, 0, 5, 2, 8, 3)]
+    replies = [f"reply:{verdicts[i % 6]}" if i % 4 else "reply:The answer looks fine, 8/10." for i in range(16)]
+    marker = "marker-key-judge-in-grpo"
+    with FaultProxy(llm_server.base_url.removesuffix("/v1"), replies) as proxy:
+        env = container_env(tmp_path, {"train": offline_data["gsm8k"]})
+        env["OPENAI_API_KEY"] = marker
+        options = ["--max_steps", "2", "--prompts_per_step", "2", "--num_generations", "4", "--micro_batch_size", "4"]
+        options += ["--max_new_tokens", "12", "--learning_rate", "1e-3", "--seed", "3", "--checkpoint_every", "0"]
+        done = run_script(
+            ["python", "grpo.py", "--model_name_or_path", str(tiny_model_path), *options,
+             "--checkpoint_dir", str(tmp_path / "checkpoints"), "--judge_model", llm_server.model,
+             "--llm_base_url", proxy.base_url, "--judge_weight", "0.5"],
+            env, timeout=240, merge_output=True,
+        )  # fmt: skip
+    assert done.returncode == 0, done.stdout[-4000:]
+    lines = [line for line in done.stdout.splitlines() if line.startswith("step=")]
+    assert len(lines) == 2, done.stdout[-3000:]
+
+    def metric(name):
+        return [float(re.search(rf"\b{name}=(-?[0-9.]+(?:e[-+]?\d+)?)", line).group(1)) for line in lines]
+
+    # Every fourth reply does not parse; a repeated completion is answered by the cache, as it was the first time.
+    failed = sum(1 for i in range(len(proxy.bodies)) if i % 4 == 0)
+    assert failed > 0 and sum(metric("judge_failed")) >= failed
+    assert sum(metric("unrewarded")) == sum(metric("judge_failed"))  # each one left out, none scored 0
+    assert sum(metric("unrewarded")) < 16  # the others were judged and trained on
+    assert all(math.isfinite(v) for name in ("reward", "loss", "grad_norm") for v in metric(name))
+    assert all(h["authorization"] == f"Bearer {marker}" for h in proxy.headers)
+    assert marker not in done.stdout and "judge: requests" in done.stdout
