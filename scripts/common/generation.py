@@ -299,9 +299,11 @@ def _trimmed(ids: list[int], logprobs: list[float], request: SampleRequest, stop
     """A row of the batch cut where its own request ends it (the rest is padding or other rows' steps)."""
     ids = ids[: request.max_new_tokens]
     end = next((i + 1 for i, t in enumerate(ids) if t in stop_ids), None)
-    if end is None and request.stop:
+    if request.stop:
+        # The earlier of the two ends: once a stop string ends a row, generate pads it, and a model whose
+        # padding id is its end-of-turn id (SmolLM2) would otherwise seem to end one token later.
         text = ""
-        for i, token in enumerate(ids):
+        for i, token in enumerate(ids[:end]):
             text += tokenizer.decode([token])
             if any(s in text for s in request.stop):
                 end = i + 1

@@ -92,3 +92,25 @@ def test_each_request_samples_from_its_own_generator_alone_or_batched(tiny_model
         logits = model(torch.tensor([[3]])).logits[0, -1]
     allowed = torch.log_softmax(torch.topk(logits, 5).values, -1)
     assert any(abs(top5[0].logprobs[0] - value) < 1e-4 for value in allowed.tolist())
+
+
+def test_a_stop_string_ends_the_sample_where_padding_is_the_end_of_turn_token(tiny_model_path):
+    """Some models pad with their end-of-turn id (SmolLM2: both are <|im_end|>). A row ended by a stop
+    string is padded after it; the sample must end at the stop string, not one padding token later with
+    a log-prob nobody sampled."""
+    model, tokenizer = load(tiny_model_path)
+    end_of_turn = tokenizer.pad_token_id  # as the end-of-turn id here, as in SmolLM2
+    requests = [
+        generation.SampleRequest([5, 6, 7, 8], num_samples=4, max_new_tokens=40, seed=s, stop=["e"]) for s in range(4)
+    ] + [generation.SampleRequest([9, 9], num_samples=1, max_new_tokens=40, temperature=0.0)]  # keeps the pass going
+    answers = generation.sample_requests(model, tokenizer, requests, [end_of_turn])
+    stopped = [s for samples in answers[:4] for s in samples if s.stop_reason == "stop"]
+    assert len(stopped) >= 4, [s.tokens for samples in answers for s in samples]
+    for sample in stopped:
+        text = tokenizer.decode(sample.tokens)
+        assert "e" in text and "e" not in tokenizer.decode(sample.tokens[:-1]), text  # the last token completes it
+        ids = torch.tensor([[5, 6, 7, 8] + sample.tokens])
+        with torch.no_grad():
+            logprobs = torch.log_softmax(model(ids).logits[0].float(), -1)
+        expected = [logprobs[3 + i, t].item() for i, t in enumerate(sample.tokens)]
+        torch.testing.assert_close(torch.tensor(sample.logprobs), torch.tensor(expected), rtol=1e-4, atol=1e-4)
