@@ -104,3 +104,16 @@ def read_job_metrics(session, job_name: str) -> list[dict]:
     if data is None:
         raise FileNotFoundError(f"{uri} holds no metrics.jsonl: did the script write to $SM_OUTPUT_DATA_DIR?")
     return merge_by_step([json.loads(line) for line in data.decode("utf-8").splitlines() if line.strip()])
+
+
+def read_training_metrics(session, jobs: list[dict]) -> dict[str, list[dict]]:
+    """``read_job_metrics`` of each job (records of the workshop's state file) that logged metrics. A
+    job that writes data rather than training (notebook 13's teacher) has no ``metrics.jsonl``: it is
+    left out, and named, rather than stopping the table of the others."""
+    found = {}
+    for job in jobs:
+        try:
+            found[job["job_name"]] = read_job_metrics(session, job["job_name"])
+        except FileNotFoundError:
+            print(f"{job['job_name']} ({job.get('notebook')}): no metrics.jsonl, a job that trains nothing; left out")
+    return found
