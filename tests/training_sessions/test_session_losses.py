@@ -233,3 +233,17 @@ def test_bad_datums_are_refused_with_the_fix(session_engine):
         engine_module.check_loss_config("ppo", {"clip_high_threshold": 20})
     with pytest.raises(engine_module.InputError, match=r"'epsilon' is not supported"):
         engine_module.check_loss_config("ppo", {"epsilon": 0.2})
+
+
+def test_micro_batches_keep_the_order_and_bound_the_datums_and_padded_tokens_of_a_pass():
+    engine = engine_module
+    lengths = [10, 600, 30, 4096, 5000, 7, 7, 7, 900, 900, 900, 900, 900] + [3] * 40
+    parsed = [([0] * n, {"i": i}) for i, n in enumerate(lengths)]
+    batches = engine.micro_batches(parsed)
+    assert [item for batch in batches for item in batch] == parsed  # every datum once, in order
+    for batch in batches:
+        width = max(len(tokens) for tokens, _ in batch)
+        assert len(batch) <= engine.MICRO_BATCH
+        assert len(batch) == 1 or width * len(batch) <= engine.MICRO_BATCH_TOKENS
+    assert [len(b) for b in batches if len(b[0][0]) == 5000] == [1]  # longer than the budget: alone
+    assert max(len(b) for b in batches) == engine.MICRO_BATCH  # short datums still share a pass

@@ -53,7 +53,11 @@ DTYPES = {
     "int32": torch.int32,
     "int64": torch.int64,
 }
-MICRO_BATCH = 16  # datums per padded forward pass
+MICRO_BATCH = 16  # datums per padded forward pass, at most
+# ...and padded tokens per pass, at most: a pass holds every layer's activations and its logits over the
+# whole vocabulary until its backward (SmolLM2: about 3.5 MB a token). By count alone, 16 answers that ran
+# to 512 tokens took a real model's session past 20 GB, and the machine's memory.
+MICRO_BATCH_TOKENS = 1024
 MAX_SAMPLE_ROWS = 64  # samples per shared generation pass: bounds the KV cache's memory
 OWN_ADAPTER = object()  # ``Engine.weights``: the adapter the engine holds, as it is
 GATHER_SECONDS = 0.01  # how long a sampling pass waits for more requests after the last one arrived
@@ -239,8 +243,7 @@ class Engine:
         config = check_loss_config(loss_fn, config)
         outputs, total = [], 0.0
         with self.lock:
-            for start in range(0, len(parsed), MICRO_BATCH):
-                batch = parsed[start : start + MICRO_BATCH]
+            for batch in micro_batches(parsed):
                 with torch.set_grad_enabled(backward):
                     logprobs = self._logprobs([t for t, _ in batch], [i["target_tokens"] for _, i in batch])
                     losses = [
@@ -403,6 +406,20 @@ class Engine:
             }
             for s in self.sampling.submit(request, adapter)
         ]
+
+
+def micro_batches(parsed: list) -> list[list]:
+    """Consecutive datums, in order, grouped so that no pass exceeds ``MICRO_BATCH`` datums or
+    ``MICRO_BATCH_TOKENS`` padded tokens (a datum longer than that alone is a pass of its own)."""
+    batches, batch, longest = [], [], 0
+    for item in parsed:
+        width = max(longest, len(item[0]))
+        if batch and (len(batch) == MICRO_BATCH or width * (len(batch) + 1) > MICRO_BATCH_TOKENS):
+            batches.append(batch)
+            batch, width = [], len(item[0])
+        batch.append(item)
+        longest = width
+    return batches + ([batch] if batch else [])
 
 
 class SamplingQueue:
