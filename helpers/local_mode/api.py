@@ -16,12 +16,12 @@ import re
 import time
 import uuid
 
-import psutil
 from botocore.awsrequest import AWSResponse
 from botocore.utils import parse_to_aware_datetime
 
 from ..local_account import ACCOUNT_ID  # local mode's account, defined once for both environments
 from . import runner
+from .os_utils import is_same_process, process_identity
 from .storage import to_wire
 from .validation import ServiceError, validate_create_training_job
 
@@ -102,7 +102,7 @@ class SageMakerAPI:
                         "StatusMessage": "Launching requested ML instances",
                     }
                 ],
-                "_owner": _process_identity(),
+                "_owner": process_identity(),
             }
         )
         self.storage.save_job(job)
@@ -130,12 +130,9 @@ class SageMakerAPI:
     @staticmethod
     def _still_running(job: dict) -> bool:
         owner = job.get("_owner", {})
-        if owner == _process_identity():
+        if owner == process_identity():
             return job["TrainingJobName"] in runner.RUNNING
-        try:
-            return psutil.Process(owner["pid"]).create_time() == owner["started"]
-        except (psutil.Error, KeyError):
-            return False
+        return is_same_process(owner)
 
     def describe_training_job(self, request: dict) -> dict:
         job = self._load(request["TrainingJobName"])
@@ -244,8 +241,3 @@ def page_start(request: dict) -> int:
             "page unchanged, or leave it out for the first page.",
         )
     return int(token)
-
-
-def _process_identity() -> dict:
-    process = psutil.Process()
-    return {"pid": process.pid, "started": process.create_time()}

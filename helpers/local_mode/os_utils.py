@@ -5,6 +5,7 @@ from __future__ import annotations
 import shutil
 import socket
 import subprocess
+from pathlib import Path
 
 import psutil
 
@@ -39,9 +40,19 @@ def gpu_count() -> int:
 
 
 def process_identity(pid: int | None = None) -> dict:
-    """A process's pid and start time: a pid alone may have been reused by another process."""
+    """A process's pid and start time: a pid alone may have been reused by another process.
+
+    On Linux the start time is the kernel's, in clock ticks since boot (``/proc/<pid>/stat``), which a
+    step of the wall clock leaves alone; psutil's ``create_time`` adds the boot time, which Linux derives
+    from the wall clock, so after an NTP step the same process seemed another one, and local mode failed a
+    job whose kernel was still running it."""
     process = psutil.Process(pid)
-    return {"pid": process.pid, "started": process.create_time()}
+    try:
+        fields = Path(f"/proc/{process.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        started = float(fields[19])  # field 22, starttime; fields after the name start at field 3
+    except (OSError, IndexError, ValueError):
+        started = process.create_time()
+    return {"pid": process.pid, "started": started}
 
 
 def is_same_process(identity: dict) -> bool:

@@ -148,7 +148,7 @@ def test_a_job_that_ends_while_it_is_described_is_not_taken_for_an_orphan():
 
     from helpers.local_mode import api
 
-    ran_here = {"TrainingJobName": "just-ended", "SecondaryStatus": "Training", "_owner": api._process_identity()}
+    ran_here = {"TrainingJobName": "just-ended", "SecondaryStatus": "Training", "_owner": api.process_identity()}
     store = _Reads({**ran_here, "TrainingJobStatus": "InProgress"}, {**ran_here, "TrainingJobStatus": "Completed"})
     assert api.SageMakerAPI(SimpleNamespace(storage=store))._load("just-ended")["TrainingJobStatus"] == "Completed"
     assert store.saved == []
@@ -176,3 +176,15 @@ def test_s3_writes_skip_the_network_checksum(local_session):
     assert "aws-chunked" not in str(headers.get("Content-Encoding", "")), headers
     assert s3.get_object(Bucket=bucket, Key="fixture/weights.bin")["Body"].read() == body
     assert (local_mode.active_root() / "s3" / bucket / "fixture" / "weights.bin").read_bytes() == body
+
+
+def test_a_process_keeps_its_identity_when_the_wall_clock_steps(monkeypatch):
+    """psutil's create_time follows the wall clock (Linux derives the boot time from it): after an NTP step
+    the kernel running a job seemed another process, and local mode failed its job mid-run."""
+    import psutil
+
+    from helpers.local_mode import os_utils
+
+    before = os_utils.process_identity()
+    monkeypatch.setattr(psutil.Process, "create_time", lambda self: 1e9)  # the clock stepped
+    assert os_utils.process_identity() == before and os_utils.is_same_process(before)
