@@ -28,7 +28,6 @@ import math
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Literal
 
 import torch
@@ -498,12 +497,10 @@ def reward_environment(args: GRPOArgs) -> Iterator[Environment]:
     if not args.judge_model:
         yield GSM8KEnvironment()
         return
-    from common.llm_client import LLMClient, api_key_from_secret
+    from common.llm_client import job_client
     from environments.llm_judge import LLMJudgeEnvironment
 
-    api_key = api_key_from_secret(args.llm_api_key_secret) if args.llm_api_key_secret else None
-    cache = Path(args.checkpoint_dir or contract.default_checkpoint_dir()) / "llm_cache"
-    with LLMClient(args.judge_model, base_url=args.llm_base_url or None, api_key=api_key, cache_dir=cache) as client:
+    with job_client(args.judge_model, args.llm_base_url, args.llm_api_key_secret, args.checkpoint_dir) as client:
         yield LLMJudgeEnvironment(client, verifiable="gsm8k", judge_weight=args.judge_weight)
         log.info("judge: %s", client.usage.report())
 

@@ -20,11 +20,10 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-from pathlib import Path
 
 from common import contract
 from common.contract import UserError, option
-from common.llm_client import LLMClient, api_key_from_secret
+from common.llm_client import LLMClient, job_client
 from environments.gsm8k import GSM8KEnvironment
 
 log = logging.getLogger("teacher_data")
@@ -62,13 +61,11 @@ def parse_args(argv: list[str] | None = None) -> TeacherDataArgs:
 
 
 def make_client(args: TeacherDataArgs) -> LLMClient:
-    api_key = api_key_from_secret(args.llm_api_key_secret) if args.llm_api_key_secret else None
-    cache = Path(args.checkpoint_dir or contract.default_checkpoint_dir()) / "llm_cache"
-    return LLMClient(
+    return job_client(
         args.teacher_model,
-        base_url=args.llm_base_url or None,
-        api_key=api_key,
-        cache_dir=cache,
+        args.llm_base_url,
+        args.llm_api_key_secret,
+        args.checkpoint_dir,
         max_concurrency=args.max_concurrency,
         requests_per_minute=args.requests_per_minute or None,
         tokens_per_minute=args.tokens_per_minute or None,

@@ -49,9 +49,9 @@ from pathlib import Path
 from typing import Any
 
 try:
-    from common.contract import UserError
+    from common.contract import UserError, default_checkpoint_dir
 except ImportError:  # imported as scripts.common.llm_client (notebooks, tests)
-    from scripts.common.contract import UserError
+    from scripts.common.contract import UserError, default_checkpoint_dir
 
 log = logging.getLogger("common.llm_client")
 
@@ -530,3 +530,14 @@ def api_key_from_secret(secret_name: str, region: str | None = None) -> str:
                 'store the key as plain text or as {"OPENAI_API_KEY": "..."}.'
             ) from None
     return text.strip()
+
+
+def job_client(
+    model: str, base_url: str = "", api_key_secret: str = "", checkpoint_dir: str | None = None, **options
+) -> LLMClient:
+    """A training job's client: the API key from the Secrets Manager secret ``api_key_secret`` names (by
+    hand, without one, ``OPENAI_API_KEY``), and the answers cached in ``<checkpoint folder>/llm_cache``,
+    which SageMaker syncs with ``checkpoint_s3_uri``: a restarted or repeated job asks only what is new."""
+    api_key = api_key_from_secret(api_key_secret) if api_key_secret else None
+    cache = Path(checkpoint_dir or default_checkpoint_dir()) / "llm_cache"
+    return LLMClient(model, base_url=base_url or None, api_key=api_key, cache_dir=cache, **options)

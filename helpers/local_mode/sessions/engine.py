@@ -411,14 +411,13 @@ class Engine:
 def micro_batches(parsed: list) -> list[list]:
     """Consecutive datums, in order, grouped so that no pass exceeds ``MICRO_BATCH`` datums or
     ``MICRO_BATCH_TOKENS`` padded tokens (a datum longer than that alone is a pass of its own)."""
-    batches, batch, longest = [], [], 0
+    batches, batch = [], []
     for item in parsed:
-        width = max(longest, len(item[0]))
+        width = max(len(tokens) for tokens, _ in [*batch, item])  # the pass is padded to its longest datum
         if batch and (len(batch) == MICRO_BATCH or width * (len(batch) + 1) > MICRO_BATCH_TOKENS):
             batches.append(batch)
-            batch, width = [], len(item[0])
+            batch = []
         batch.append(item)
-        longest = width
     return batches + ([batch] if batch else [])
 
 
