@@ -411,6 +411,101 @@ def code_problem_records(n: int, seed: int = 0) -> list[dict]:
     return [CODE_TEMPLATES[i % len(CODE_TEMPLATES)](rng, i) for i in range(n)]
 
 
+# --------------------------------------------------------------------------- functions to complete (HumanEval's form)
+
+
+def _ints(rng, n=(1, 6), low=-20, high=20):
+    return [rng.randint(low, high) for _ in range(rng.randint(*n))]
+
+
+def _word(rng, letters="abcdeiou", n=(1, 8)):
+    return "".join(rng.choice(letters) for _ in range(rng.randint(*n)))
+
+
+def _palindrome_or_not(rng):
+    word = _word(rng, "ab")
+    return word + word[::-1] if rng.random() < 0.5 else word
+
+
+# Each kind: name, parameters, return type, docstring and canonical body ({k} and {letter} are the problem's
+# constant), and the maker of one test's arguments. The body is the reference: the tests' expected values
+# are what it returns.
+# fmt: off
+_FUNCTION_KINDS = [
+    ("add_k", "x: int", "int", "Return x plus {k}.", "return x + {k}", lambda r: [r.randint(-50, 50)]),
+    ("times_k", "x: int", "int", "Return x multiplied by {k}.", "return x * {k}", lambda r: [r.randint(-20, 20)]),
+    ("is_multiple_of_k", "n: int", "bool", "Return True if n is divisible by {k}, else False.",
+     "return n % {k} == 0", lambda r: [r.randint(0, 60)]),
+    ("largest", "values: list[int]", "int", "Return the largest number in the non-empty list values.",
+     "return max(values)", lambda r: [_ints(r)]),
+    ("smallest", "values: list[int]", "int", "Return the smallest number in the non-empty list values.",
+     "return min(values)", lambda r: [_ints(r)]),
+    ("total", "values: list[int]", "int", "Return the sum of the numbers in values.", "return sum(values)",
+     lambda r: [_ints(r, (0, 6))]),
+    ("count_above_k", "values: list[int]", "int", "Return how many numbers in values are greater than {k}.",
+     "return sum(1 for v in values if v > {k})", lambda r: [_ints(r, (0, 8))]),
+    ("keep_above_k", "values: list[int]", "list[int]",
+     "Return the numbers in values that are greater than {k}, in their order.",
+     "return [v for v in values if v > {k}]", lambda r: [_ints(r, (0, 8))]),
+    ("add_k_to_each", "values: list[int]", "list[int]", "Return a new list with {k} added to every number.",
+     "return [v + {k} for v in values]", lambda r: [_ints(r, (0, 6))]),
+    ("reverse_text", "text: str", "str", "Return text reversed.", "return text[::-1]", lambda r: [_word(r)]),
+    ("repeat_k_times", "text: str", "str", "Return text repeated {k} times.", "return text * {k}",
+     lambda r: [_word(r, n=(1, 4))]),
+    ("count_letter", "text: str, letter: str", "int", "Return how many times letter occurs in text.",
+     "return text.count(letter)", lambda r: [_word(r, "abc", (0, 10)), r.choice("abc")]),
+    ("shout", "text: str", "str", "Return text in upper case.", "return text.upper()", lambda r: [_word(r)]),
+    ("word_count", "sentence: str", "int", "Return the number of words in sentence (words are separated by spaces).",
+     "return len(sentence.split())", lambda r: [" ".join(_word(r) for _ in range(r.randint(1, 6)))]),
+    ("first_k", "values: list[int]", "list[int]", "Return the first {k} numbers of values (all of them if fewer).",
+     "return values[:{k}]", lambda r: [_ints(r, (0, 12))]),
+    ("is_palindrome", "text: str", "bool", "Return True if text reads the same backwards, else False.",
+     "return text == text[::-1]", lambda r: [_palindrome_or_not(r)]),
+    ("absolute_difference", "a: int, b: int", "int", "Return the absolute difference between a and b.",
+     "return abs(a - b)", lambda r: [r.randint(-30, 30), r.randint(-30, 30)]),
+    ("max_of_two_plus_k", "a: int, b: int", "int", "Return the larger of a and b, plus {k}.",
+     "return max(a, b) + {k}", lambda r: [r.randint(-30, 30), r.randint(-30, 30)]),
+    ("square_each", "values: list[int]", "list[int]", "Return a new list with every number squared.",
+     "return [v * v for v in values]", lambda r: [_ints(r, (0, 6), -9, 9)]),
+    ("starts_with_letter", "text: str", "bool", "Return True if text starts with the letter '{letter}', else False.",
+     "return text.startswith('{letter}')", lambda r: [_word(r, "abc")]),
+]
+# fmt: on
+
+
+def _function_problem(rng: random.Random, idx: int, kind: tuple) -> dict:
+    name, params, returns, doc, body, make_args = kind
+    k = rng.randint(2, 9)
+    constants = {"k": k, "letter": "abc"[k % 3]}
+    canonical = f"    {body.format(**constants)}\n"
+    reference: dict = {}
+    exec(f"def {name}({params}):\n{canonical}", reference)  # the project's own reference body, not a model's
+    calls = [make_args(rng) for _ in range(5)]
+    tests = [{"input": json.dumps(args), "output": json.dumps(reference[name](*args))} for args in calls]
+    described = doc.format(**constants)
+    example = f"{name}({', '.join(repr(a) for a in calls[0])})"
+    return {
+        "id": f"function-{name}-{idx}",
+        "testtype": "functional",
+        "fn_name": name,
+        "statement": f"Complete the function `{name}`: {described}",
+        "starter_code": f'def {name}({params}) -> {returns}:\n    """{described}\n    >>> {example}\n'
+        f'    {reference[name](*calls[0])!r}\n    """\n',
+        "canonical_solution": canonical,
+        "tests": tests,
+    }
+
+
+def function_problem_records(n: int, seed: int = 0) -> list[dict]:
+    """Functions to complete, as HumanEval poses them: a signature and a docstring with one example,
+    judged by calling the function on five argument lists and comparing what it returns. Twenty kinds
+    (list, string and number functions a small instruct model sometimes writes right), each problem with
+    its own constant; ``canonical_solution`` is the body that completes ``starter_code`` (HumanEval's
+    field names)."""
+    rng = random.Random(seed + 7)
+    return [_function_problem(rng, i, _FUNCTION_KINDS[i % len(_FUNCTION_KINDS)]) for i in range(n)]
+
+
 # --------------------------------------------------------------------------- writing
 
 

@@ -36,6 +36,17 @@ def offline_code_problems(n: int, seed: int = 0) -> list[dict]:
     return [normalize_problem(row) for row in offline_data.code_problem_records(n, seed=seed)]
 
 
+def offline_function_problems(n: int, seed: int = 0) -> list[dict]:
+    """Functions to complete, as HumanEval poses them (a signature and a docstring; the tests call the
+    function and compare what it returns): twenty kinds of list, string and number functions that a
+    small instruct model such as SmolLM2-135M-Instruct sometimes writes right."""
+    from environments.code import normalize_problem
+
+    from helpers import offline_data
+
+    return [normalize_problem(row) for row in offline_data.function_problem_records(n, seed=seed)]
+
+
 def staged_file(work_dir, name: str, split: str):
     """The file notebook 0 staged for data set ``name`` (``gsm8k``, ``code``, ``preferences``, ``chat``)
     and ``split`` (``train``, ``test``): ``<work_dir>/data/channels/<name>/<split>/<split>.jsonl``, the

@@ -212,3 +212,41 @@ def test_verdict_stats_cover_every_verdict():
         "no_code_rate",
         "judge_time",
     } <= set(stats)
+
+
+# --------------------------------------------------------------------------- functions to complete (HumanEval's form)
+
+
+def test_function_problems_are_completed_by_their_canonical_body_and_judged_by_calls(code_sandbox):
+    """Each of the twenty kinds: the signature and docstring plus the canonical body pass all five calls
+    in the sandbox; the signature with a wrong body passes none of a kind's problems entirely; the
+    docstring's example is the first test."""
+    from helpers.offline_data import function_problem_records
+
+    records = function_problem_records(40, seed=3)
+    assert len({r["fn_name"] for r in records}) == 20
+    env = CodeEnvironment(local_judge(code_sandbox), "fraction")
+    problems = [normalize_problem(r) for r in records]
+    right = [fenced(r["starter_code"] + r["canonical_solution"]) for r in records]
+    wrong = [fenced(r["starter_code"] + "    return None\n") for r in records]
+    scores = env.score(problems + problems, right + wrong)
+    assert [s["verdict"] for s in scores[:40]] == ["accepted"] * 40, list(zip(records, scores[:40], strict=True))
+    assert not any(s["correct"] for s in scores[40:])
+    for record in records:
+        example = json.loads(record["tests"][0]["input"])
+        assert f">>> {record['fn_name']}({', '.join(repr(a) for a in example)})" in record["starter_code"]
+        assert all(len(t["input"]) < 200 for t in record["tests"])
+
+
+def test_held_out_function_problems_are_other_draws():
+    """The session notebook trains on seed s and holds out seed 10,000 + s: no held-out problem (its
+    statement and tests) is a training problem, and every kind is held out."""
+    from helpers.offline_data import function_problem_records
+
+    def key(r):
+        return r["statement"], json.dumps(r["tests"])
+
+    training = {key(r) for r in function_problem_records(256, seed=0)}
+    held_out = function_problem_records(40, seed=10_000)
+    assert not any(key(r) in training for r in held_out)
+    assert len({r["fn_name"] for r in held_out}) == 20
