@@ -145,3 +145,15 @@ def test_session_sft_on_the_real_model_lowers_held_out_loss_beyond_its_noise(smo
     assert record["status"] == "Stopped" and record["steps"] == PROFILE["07"]["steps"]
     before, after = record["held_out_loss"]["before"], record["held_out_loss"]["after"]
     assert before["loss"] - after["loss"] > 2 * (before["standard_error"] + after["standard_error"]), (before, after)
+
+
+def test_session_code_rl_on_the_real_model_raises_the_held_out_pass_rate_beyond_its_noise(smollm2_run):
+    """Code RL on a training session (notebook 09, LoRA) on functions to complete, as HumanEval poses
+    them. Held out: 40 problems x 4 answers at temperature 1, the same seeds before and after."""
+    (record,) = [s for s in smollm2_run.summary["training_sessions"] if s["notebook"].startswith("09")]
+    assert record["status"] == "Stopped" and record["steps"] == PROFILE["09"]["steps"]
+    held_out = record["held_out"]
+    assert held_out["problems"] == PROFILE["09"]["held_out_problems"] and held_out["samples_per_problem"] == 4
+    gain = held_out["after"] - held_out["before"]
+    assert gain >= 2 * held_out["change_standard_error"] > 0, held_out
+    assert record["pass_rate"]["last_quarter"] > record["pass_rate"]["first_quarter"], record["pass_rate"]
