@@ -1,11 +1,15 @@
-"""Evaluate a model on a test set: greedy decoding, the environment's checker, accuracy.
+"""Evaluate a model on a test set: the environment's checker, accuracy with its standard error.
 
 The model comes from the ``model`` channel (a model folder, or the ``model.tar.gz`` of a training job)
 or ``--model_name_or_path``; the examples from channel ``test`` (``test.jsonl``), read and scored by
 the environment named with ``--environment`` (``gsm8k``: the final number; ``code``: the programs
-run against the tests in a sandbox, after its self-test). Prints one metric line::
+run against the tests in a sandbox, after its self-test). Greedy by default; with ``--temperature``
+above 0, ``--samples_per_example`` answers an example, each example drawing from its own seed
+(``--seed`` + its index), so two models evaluated with the same options meet the same draws and the
+batch size changes nothing. An example's accuracy is the share of its answers that are right, and the
+standard error is over examples (one example's answers are not independent). Prints one metric line::
 
-    step=0 accuracy=0.4312 mean_reward=0.4312 n=1319
+    step=0 accuracy=0.4312 standard_error=0.0136 mean_reward=0.4312 n=1319
 
 and writes ``evaluation.json`` (accuracy, mean reward, n and one record per example) to
 ``SM_OUTPUT_DATA_DIR`` and to ``SM_MODEL_DIR`` (so it is in the job's model.tar.gz as well).
@@ -24,7 +28,7 @@ import time
 from dataclasses import dataclass
 
 import torch
-from common import contract, distributed, generation, metrics, models
+from common import contract, distributed, generation, metrics, models, stats
 from common.contract import option
 from environments import REGISTRY, make_environment
 
@@ -41,13 +45,27 @@ class EvaluateArgs:
     max_new_tokens: int = option(512, "longest answer in tokens")
     batch_size: int = option(32, "prompts per generate call")
     max_examples: int = option(0, "evaluate only the first N examples; 0 = all")
-    seed: int = option(42, "seed (decoding is greedy)")
+    temperature: float = option(0.0, "sampling temperature; 0 = greedy (one answer an example)")
+    samples_per_example: int = option(1, "answers sampled per example at --temperature above 0")
+    stop: str = option(
+        "",
+        "also end an answer at the end of this text (kept), for example a program's closing fence "
+        "'\\n```\\n'; '' = only at the end-of-sequence token",
+    )
+    seed: int = option(42, "example i's answers draw from seed + i")
 
     def validate(self, world_size: int) -> None:
         """``world_size`` is 1: evaluation runs in one process."""
-        contract.require_at_least_one(self, "batch_size", "max_new_tokens")
+        contract.require_at_least_one(self, "batch_size", "max_new_tokens", "samples_per_example")
         if self.max_examples < 0:
             raise contract.UserError(f"--max_examples cannot be negative, got {self.max_examples}; 0 = all.")
+        if not self.temperature >= 0:  # also refuses NaN
+            raise contract.UserError(f"--temperature must be 0 (greedy) or above, got {self.temperature}.")
+        if self.temperature == 0 and self.samples_per_example > 1:
+            raise contract.UserError(
+                f"--samples_per_example {self.samples_per_example} at --temperature 0: greedy answers are all the "
+                "same. Set --temperature above 0 (1.0 samples the model as it is), or --samples_per_example 1."
+            )
 
 
 def parse_args(argv: list[str] | None = None) -> EvaluateArgs:
@@ -86,35 +104,56 @@ def evaluate(args: EvaluateArgs, learners, env) -> None:
     examples = env.load(contract.channel_file("test", "test.jsonl"))
     if args.max_examples > 0:
         examples = examples[: args.max_examples]
-    generator = generation.HFGenerator(model, tokenizer, learners, max_new_tokens=args.max_new_tokens)
+    stop_ids = generation.default_stop_ids(model, tokenizer)
+    k = args.samples_per_example
 
     started = time.perf_counter()
     records = []
     for start in range(0, len(examples), args.batch_size):
         batch = examples[start : start + args.batch_size]
-        prompts = [generation.prompt_token_ids(tokenizer, env.prompt_messages(example)) for example in batch]
-        _, completions = generator.generate(prompts, num_generations=1, greedy=True)
-        for offset, (example, completion, score) in enumerate(
-            zip(batch, completions, env.score(batch, completions), strict=True)
-        ):
+        requests = [
+            generation.SampleRequest(
+                prompt=generation.prompt_token_ids(tokenizer, env.prompt_messages(example)),
+                num_samples=k,
+                max_new_tokens=args.max_new_tokens,
+                temperature=args.temperature,
+                seed=args.seed + start + offset,
+                stop=[args.stop] if args.stop else [],
+            )
+            for offset, example in enumerate(batch)
+        ]
+        answers = generation.sample_requests(model, tokenizer, requests, stop_ids)
+        completions = [tokenizer.decode(s.tokens, skip_special_tokens=True) for samples in answers for s in samples]
+        scores = env.score([example for example in batch for _ in range(k)], completions)
+        for offset, example in enumerate(batch):
+            mine = range(offset * k, (offset + 1) * k)
+            right = [_is_right(scores[i]) for i in mine]
             # A code problem's tests can take megabytes: the record keeps the rest of the example.
             shown = {key: value for key, value in example.items() if key != "tests"}
-            records.append({"index": start + offset, "example": shown, "completion": completion, **score})
+            record = {"index": start + offset, "example": shown, "completion": completions[mine[0]], **scores[mine[0]]}
+            record["accuracy"] = sum(right) / k
+            if k > 1:  # the first answer's fields above, every answer's here
+                record["completions"] = [completions[i] for i in mine]
+                record["rights"] = right
+                record["rewards"] = [float(scores[i]["reward"]) for i in mine]
+            records.append(record)
         log.info("evaluated %d/%d examples", len(records), len(examples))
 
-    mean_reward = sum(float(r["reward"]) for r in records) / len(records)
-    # Accuracy is the environment's "correct" verdict; without one, a positive reward counts as right.
-    accuracy = sum(bool(r["correct"]) if "correct" in r else float(r["reward"]) > 0 for r in records) / len(records)
-    summary = {"step": 0, "accuracy": accuracy, "mean_reward": mean_reward, "n": len(records)}
-    print(
-        metrics.format_metric_line(0, {"accuracy": accuracy, "mean_reward": mean_reward, "n": len(records)}), flush=True
-    )
+    accuracy, standard_error = stats.mean_and_standard_error([r["accuracy"] for r in records])
+    mean_reward = sum(sum(r.get("rewards", [float(r["reward"])])) / k for r in records) / len(records)
+    figures = {"accuracy": accuracy, "standard_error": standard_error, "mean_reward": mean_reward, "n": len(records)}
+    print(metrics.format_metric_line(0, figures), flush=True)
     result = {
         "model": model_path,
         "environment": args.environment,
         "accuracy": accuracy,
+        "standard_error": standard_error,
         "mean_reward": mean_reward,
         "n": len(records),
+        "samples_per_example": k,
+        "temperature": args.temperature,
+        "seed": args.seed,
+        "stop": args.stop,
         "max_new_tokens": args.max_new_tokens,
         "seconds": round(time.perf_counter() - started, 2),
         "records": records,
@@ -123,13 +162,20 @@ def evaluate(args: EvaluateArgs, learners, env) -> None:
         folder.mkdir(parents=True, exist_ok=True)
         (folder / "evaluation.json").write_text(json.dumps(result, indent=1, default=str))
     with open(contract.output_data_dir() / "metrics.jsonl", "a") as handle:
-        handle.write(json.dumps(summary) + "\n")
+        handle.write(json.dumps({"step": 0, **figures}) + "\n")
     log.info(
-        "accuracy %.4f on %d examples, written to %s",
+        "accuracy %.4f +- %.4f on %d examples x %d answers, written to %s",
         accuracy,
+        standard_error,
         len(records),
+        k,
         contract.output_data_dir() / "evaluation.json",
     )
+
+
+def _is_right(score: dict) -> bool:
+    """The environment's "correct" verdict; without one, a positive reward counts as right."""
+    return bool(score["correct"]) if "correct" in score else float(score["reward"]) > 0
 
 
 if __name__ == "__main__":

@@ -339,15 +339,6 @@ def values(tensor) -> list:
 # --------------------------------------------------------------------------- RL pieces
 
 
-def mean_and_standard_error(values: list[float]) -> tuple[float, float]:
-    """The mean of independent values and its standard error (sample std / sqrt(n); 0 for one value)."""
-    n = len(values)
-    mean = sum(values) / n
-    if n < 2:
-        return mean, 0.0
-    return mean, math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1) / n)
-
-
 def ratio_stats(datums, outputs, low: float, high: float) -> dict[str, float]:
     """How off-policy the batch was: the training model's logprobs (returned by forward_backward, before
     this step's update) against the sampler's, over the completion tokens. ``clip_fraction`` is the share

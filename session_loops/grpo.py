@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import random
 
+from common import stats
 from common.data import prompt_token_ids  # scripts/common: session_loops puts scripts/ on the path
 
 from session_loops import common
@@ -147,7 +148,7 @@ def evaluate(
         ),
     )
     per_problem = [sum(bool(s["correct"]) for s in g["scores"]) / len(g["scores"]) for g in groups]
-    accuracy, standard_error = common.mean_and_standard_error(per_problem)
+    accuracy, standard_error = stats.mean_and_standard_error(per_problem)
     scores = [s for g in groups for s in g["scores"]]
     return {
         "accuracy": accuracy,
@@ -162,6 +163,4 @@ def evaluate(
 def paired_gain(before: dict, after: dict) -> tuple[float, float]:
     """After minus before on the same problems, and the standard error of that difference (from the
     per-problem differences: the problems' own difficulty cancels out)."""
-    return common.mean_and_standard_error(
-        [a - b for a, b in zip(after["per_problem"], before["per_problem"], strict=True)]
-    )
+    return stats.paired_change(before["per_problem"], after["per_problem"])

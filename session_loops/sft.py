@@ -3,6 +3,7 @@ The loop itself (datums, ``forward_backward``, ``optim_step``) is in the noteboo
 
 from __future__ import annotations
 
+from common import stats
 from common.data import prompt_token_ids  # scripts/common: session_loops puts scripts/ on the path
 
 from session_loops import common
@@ -23,7 +24,7 @@ def held_out_loss(training_client, datums: list) -> dict:
     per_conversation = [
         common.values(o["loss"])[0] / common.target_tokens([d]) for d, o in zip(datums, outputs, strict=True)
     ]
-    loss, standard_error = common.mean_and_standard_error(per_conversation)
+    loss, standard_error = stats.mean_and_standard_error(per_conversation)
     return {"loss": loss, "standard_error": standard_error, "conversations": len(datums)}
 
 

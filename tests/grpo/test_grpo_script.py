@@ -345,7 +345,7 @@ def test_evaluate_end_to_end(tiny_model_path, offline_data, tmp_path):
     )
     assert code == 0, output
     line = metric_lines(output)[0]
-    assert re.fullmatch(r"step=0 accuracy=[0-9.]+ mean_reward=[0-9.]+ n=8", line), line
+    assert re.fullmatch(r"step=0 accuracy=[0-9.]+ standard_error=[0-9.e-]+ mean_reward=[0-9.]+ n=8", line), line
     unpacked = [p for p in (tmp_path / "tmp").iterdir() if p.name.startswith("model-channel-")]
     assert len(unpacked) == 1 and (unpacked[0] / "config.json").is_file()
     assert json.loads((tmp_path / "model" / "evaluation.json").read_text())["model"] == str(unpacked[0])
@@ -371,6 +371,39 @@ def test_evaluate_refuses_an_unknown_environment(monkeypatch):
         evaluate_script.parse_args(["--environment", "chess"])
     with pytest.raises(UserError, match=r"--batch_size must be at least 1, got 0."):
         evaluate_script.parse_args(["--batch_size", "0"]).validate(world_size=1)
+    with pytest.raises(UserError, match=r"greedy answers are all the same. Set --temperature above 0"):
+        evaluate_script.parse_args(["--samples_per_example", "4"]).validate(world_size=1)
+    with pytest.raises(UserError, match=r"--temperature must be 0 \(greedy\) or above, got nan"):
+        evaluate_script.parse_args(["--temperature", "nan"]).validate(world_size=1)
+
+
+def test_sampled_evaluation_draws_the_same_answers_whatever_the_batch_size(tiny_model_path, offline_data, tmp_path):
+    """Each example draws from seed + its index: two models evaluated with the same options meet the same
+    draws, and how many prompts share a generate call changes nothing. An example's accuracy is the share
+    of its answers that are right; the standard error is over examples."""
+    from common import stats
+
+    results = []
+    for batch_size in (2, 5):
+        folder = tmp_path / f"batch-{batch_size}"
+        env = container_env(folder, {"test": offline_data["gsm8k"]})
+        options = ["--temperature", "1.0", "--samples_per_example", "3", "--max_examples", "5"]
+        code, output = run(
+            [PYTHON, "evaluate.py", "--model_name_or_path", str(tiny_model_path), "--environment", "gsm8k"]
+            + ["--max_new_tokens", "6", "--batch_size", str(batch_size), *options],
+            env,
+        )
+        assert code == 0, output
+        results.append(json.loads((folder / "model" / "evaluation.json").read_text()))
+    one, other = results
+    assert [r["completions"] for r in one["records"]] == [r["completions"] for r in other["records"]]
+    assert all(len(r["completions"]) == 3 and len(set(r["completions"])) > 1 for r in one["records"])  # sampled
+    for record in one["records"]:
+        assert record["accuracy"] == sum(record["rights"]) / 3 and record["completion"] == record["completions"][0]
+    assert (one["accuracy"], one["standard_error"]) == stats.mean_and_standard_error(
+        [r["accuracy"] for r in one["records"]]
+    )
+    assert one["samples_per_example"] == 3 and one["temperature"] == 1.0
 
 
 def test_evaluate_code_environment_judges_in_the_sandbox(tiny_model_path, offline_data, tmp_path):
@@ -392,7 +425,7 @@ def test_evaluate_code_environment_judges_in_the_sandbox(tiny_model_path, offlin
     )
     assert code == 0, output
     assert "sandbox self-test" in output
-    assert re.fullmatch(r"step=0 accuracy=0 mean_reward=0 n=2", metric_lines(output)[0])
+    assert re.fullmatch(r"step=0 accuracy=0 standard_error=0 mean_reward=0 n=2", metric_lines(output)[0])
     result = json.loads((tmp_path / "model" / "evaluation.json").read_text())
     # the tiny model writes no program, and the verdict says so
     assert [r["verdict"] for r in result["records"]] == ["no_code", "no_code"]
