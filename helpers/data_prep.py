@@ -82,7 +82,76 @@ def _hub_code(n_train, n_test, seed):
     }
 
 
-_HUB_LOADERS = {"gsm8k": _hub_gsm8k, "preferences": _hub_preferences, "chat": _hub_chat, "code": _hub_code}
+def mbpp_problem(row: dict) -> dict | None:
+    """An MBPP row (``text``, ``code``, ``test_list`` of ``assert f(...) == ...``) as a functions problem:
+    the signature of its reference ``code`` and a docstring of its text and first test, its asserts as
+    functional tests. None when a test is not one call of one function on literal arguments compared
+    with a literal JSON can carry (a set, a float check by tolerance), or the row needs setup code."""
+    import ast
+
+    if row.get("test_setup_code"):
+        return None
+    tests, names = [], set()
+    for line in row["test_list"]:
+        try:
+            node = ast.parse(line.strip()).body[0]
+        except (SyntaxError, IndexError):
+            return None
+        test = getattr(node, "test", None)
+        if not (
+            isinstance(node, ast.Assert)
+            and isinstance(test, ast.Compare)
+            and len(test.ops) == 1
+            and isinstance(test.ops[0], ast.Eq)
+            and isinstance(test.left, ast.Call)
+            and isinstance(test.left.func, ast.Name)
+            and not test.left.keywords
+        ):
+            return None
+        try:
+            arguments = [ast.literal_eval(argument) for argument in test.left.args]
+            expected = ast.literal_eval(test.comparators[0])
+            tests.append({"input": json.dumps(arguments), "output": json.dumps(expected)})
+        except (ValueError, TypeError, SyntaxError, RecursionError):  # not a literal, or not JSON (a set)
+            return None
+        names.add(test.left.func.id)
+    if len(names) != 1:
+        return None
+    name = names.pop()
+    signature = next((line for line in row["code"].splitlines() if line.startswith(f"def {name}(")), None)
+    if signature is None:
+        return None
+    example = row["test_list"][0].strip().removeprefix("assert ").strip()
+    return {
+        "id": f"mbpp-{row['task_id']}",
+        "testtype": "functional",
+        "fn_name": name,
+        "statement": f"Complete the function `{name}`: {row['text']}",
+        "starter_code": f'{signature.rstrip()}\n    """{row["text"]}\n    >>> {example}\n    """\n',
+        "canonical_solution": row["code"],
+        "tests": tests,
+    }
+
+
+def _hub_functions(n_train, n_test, seed):
+    """MBPP (``google-research-datasets/mbpp``): functions to complete, judged by calling them."""
+    from datasets import Dataset, load_dataset
+
+    def problems(split: str, n: int | None) -> list[dict]:
+        converted = [mbpp_problem(row) for row in load_dataset("google-research-datasets/mbpp", split=split)]
+        usable = [problem for problem in converted if problem is not None]
+        return usable if n is None else usable[:n]
+
+    return {"train": Dataset.from_list(problems("train", n_train)), "test": Dataset.from_list(problems("test", n_test))}
+
+
+_HUB_LOADERS = {
+    "gsm8k": _hub_gsm8k,
+    "preferences": _hub_preferences,
+    "chat": _hub_chat,
+    "code": _hub_code,
+    "functions": _hub_functions,
+}
 
 
 def load(

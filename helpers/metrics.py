@@ -117,3 +117,51 @@ def read_training_metrics(session, jobs: list[dict]) -> dict[str, list[dict]]:
         except FileNotFoundError:
             print(f"{job['job_name']} ({job.get('notebook')}): no metrics.jsonl, a job that trains nothing; left out")
     return found
+
+
+def read_evaluation(session, job_name: str) -> dict:
+    """What ``evaluate.py`` wrote for a finished job: ``evaluation.json`` from its output archive."""
+    description = session.describe_training_job(job_name)
+    text = read_tar_member(session, job_output_uri(description), "evaluation.json")
+    if text is None:
+        raise FileNotFoundError(f"{job_name}'s output has no evaluation.json: is it an evaluate.py job that finished?")
+    return json.loads(text)
+
+
+def held_out_change(before: dict, after: dict) -> dict:
+    """Two ``evaluate.py`` results on the same examples and options: each accuracy with its standard error
+    (over examples), and the change after - before with the standard error of the per-example
+    differences (paired: each example's difficulty cancels out)."""
+    from scripts.common.stats import paired_change
+
+    same = ("n", "samples_per_example", "temperature", "seed", "max_new_tokens", "stop", "environment")
+    differing = [key for key in same if before.get(key) != after.get(key)]
+    if differing or [r["example"] for r in before["records"]] != [r["example"] for r in after["records"]]:
+        raise ValueError(
+            "the two evaluations are not of the same examples with the same options "
+            f"(they differ in {', '.join(differing) or 'their examples'}): their change would not be paired"
+        )
+    change, error = paired_change([r["accuracy"] for r in before["records"]], [r["accuracy"] for r in after["records"]])
+    return {
+        "before": before["accuracy"],
+        "before_standard_error": before["standard_error"],
+        "after": after["accuracy"],
+        "after_standard_error": after["standard_error"],
+        "change": change,
+        "change_standard_error": error,
+        "examples": before["n"],
+        "samples_per_example": before["samples_per_example"],
+        "temperature": before["temperature"],
+    }
+
+
+def describe_change(held_out: dict, what: str = "accuracy") -> str:
+    """``held_out_change``'s figures in two lines, the change in standard errors when it has one."""
+    size = held_out["change"] / held_out["change_standard_error"] if held_out["change_standard_error"] else None
+    return (
+        f"held-out {what}, {held_out['examples']} problems x {held_out['samples_per_example']} answer(s) "
+        f"at temperature {held_out['temperature']}: {held_out['before']:.3f} ± {held_out['before_standard_error']:.3f}"
+        f" -> {held_out['after']:.3f} ± {held_out['after_standard_error']:.3f}\n"
+        f"change {held_out['change']:+.3f} ± {held_out['change_standard_error']:.3f} (paired)"
+        + (f", {size:+.1f} standard errors" if size is not None else ", no spread to measure it against")
+    )

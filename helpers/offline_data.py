@@ -24,6 +24,8 @@ Formats:
                 "tests": [{"input": str, "output": str}, ...]}
   For functional problems ``input`` is the JSON text of the argument list and ``output``
   the JSON text of the return value.
+- functions:   code problems of the functional kind, posed as HumanEval poses them, with
+               "starter_code" (signature and docstring) and "canonical_solution" (its body).
 """
 
 from __future__ import annotations
@@ -528,6 +530,7 @@ DATASETS = {
     "preferences": preference_records,
     "chat": chat_records,
     "code": code_problem_records,
+    "functions": function_problem_records,
 }
 
 

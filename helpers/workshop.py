@@ -108,6 +108,16 @@ class Workshop:
         """``s3://<bucket>/<prefix>/<parts...>``: where this workshop keeps things."""
         return "s3://" + "/".join([self.bucket, self.prefix, *parts])
 
+    def data_set(self, name: str) -> dict[str, str]:
+        """The S3 URIs of the channels (``train``, ``test``) notebook 0 staged for data set ``name``."""
+        staged = self.state.require("channels")
+        if name not in staged:
+            raise LaunchError(
+                f"No data set {name!r} in {self.state.path}: notebook 0 staged {', '.join(sorted(staged))}. "
+                "Choose one of those, or run 00_setup_and_data.ipynb again (same state_file): it stages every one."
+            )
+        return staged[name]
+
     def starting_model(self, start_from: str = "base") -> str:
         """The S3 URI a job takes as its ``model`` channel: ``"base"`` the model notebook 0 staged,
         ``"sft"`` the ``model.tar.gz`` of notebook 1's SFT job (the scripts unpack either)."""

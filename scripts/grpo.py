@@ -60,6 +60,11 @@ class GRPOArgs(contract.TrainingArgs):
     )
     max_new_tokens: int = option(256, "longest completion in tokens; also the constant of --loss_type dr_grpo")
     temperature: float = option(1.0, "sampling temperature")
+    stop: str = option(
+        "",
+        "also end a completion at the end of this text (kept), for example a program's closing fence "
+        "'\\n```\\n'; '' = only at the end-of-sequence token",
+    )
     num_iterations: int = option(
         1,
         "optimizer updates per batch of rollouts (the mu of the GRPO paper); old log-probs are computed once per batch",
@@ -425,7 +430,12 @@ def train(args: GRPOArgs, env: Environment, learners: distributed.Learners) -> b
         batch_order.load_state_dict(resumed["extra"]["batch_order"])
     # Sampling runs on the policy itself, so every update is in the next step's rollouts.
     generator = generation.HFGenerator(
-        policy, tokenizer, learners, max_new_tokens=args.max_new_tokens, temperature=args.temperature
+        policy,
+        tokenizer,
+        learners,
+        max_new_tokens=args.max_new_tokens,
+        temperature=args.temperature,
+        stop_strings=[args.stop],
     )
     logger = metrics.MetricLogger(contract.output_data_dir() / "metrics.jsonl", learners, args.max_steps, start_step)
     sigterm = checkpoints.SigtermFlag()

@@ -83,7 +83,8 @@ class HFGenerator:
 
     ``temperature`` and ``top_p`` shape the sampling (``greedy=True`` ignores them); a completion
     ends at the first of ``stop_ids`` (default: the model's and tokenizer's end-of-sequence ids),
-    which it keeps, or after ``max_new_tokens``.
+    which it keeps, at the end of the first of ``stop_strings`` (transformers' own stop-string
+    criterion; the token that completes it kept), or after ``max_new_tokens``.
     """
 
     def __init__(
@@ -96,6 +97,7 @@ class HFGenerator:
         temperature: float = 1.0,
         top_p: float = 1.0,
         stop_ids: list[int] | None = None,
+        stop_strings: list[str] | None = None,
     ):
         if max_new_tokens < 1 or temperature <= 0 or not 0 < top_p <= 1:
             raise ValueError(
@@ -109,6 +111,7 @@ class HFGenerator:
         self.temperature = temperature
         self.top_p = top_p
         self.stop_ids = stop_ids if stop_ids is not None else default_stop_ids(model, tokenizer)
+        self.stop_strings = [text for text in stop_strings or [] if text]
         # FSDP layers gather their weights in every forward, a collective: learners that finish their
         # completions early must keep stepping until all have finished, or the others wait forever.
         self.synced_gpus = learners.world_size > 1 and distributed.is_fsdp(model)
@@ -134,17 +137,18 @@ class HFGenerator:
         )
         try:
             with sampling_settings(model, config), distributed.autocast(self.learners):
+                stop_strings = (
+                    {"stop_strings": self.stop_strings, "tokenizer": self.tokenizer} if self.stop_strings else {}
+                )
                 output = model.generate(
-                    input_ids=input_ids, attention_mask=attention_mask, synced_gpus=self.synced_gpus
+                    input_ids=input_ids, attention_mask=attention_mask, synced_gpus=self.synced_gpus, **stop_strings
                 )
         finally:
             model.train(was_training)
         completions = []
         for row in output[:, input_ids.size(1) :].tolist():
-            stop = next((i for i, token in enumerate(row) if token in self.stop_ids), None)
-            completions.append(
-                row if stop is None else row[: stop + 1]
-            )  # keep the stop token: the model learns to stop
+            end = end_of_sample(row, self.stop_ids, self.stop_strings, self.tokenizer)
+            completions.append(row if end is None else row[:end])  # keep the stop token: the model learns to stop
         texts = self.tokenizer.batch_decode(completions, skip_special_tokens=True)
         return completions, texts
 
@@ -295,19 +299,25 @@ def sample_requests(model, tokenizer, requests: list[SampleRequest], stop_ids: l
     return answers
 
 
-def _trimmed(ids: list[int], logprobs: list[float], request: SampleRequest, stop_ids, tokenizer) -> Sample:
-    """A row of the batch cut where its own request ends it (the rest is padding or other rows' steps)."""
-    ids = ids[: request.max_new_tokens]
+def end_of_sample(ids: list[int], stop_ids, stop_strings: list[str], tokenizer) -> int | None:
+    """How many of a generated row's tokens are the sample: up to the first of ``stop_ids`` or the token
+    that completes the first of ``stop_strings``, whichever comes first, both kept; None if neither."""
     end = next((i + 1 for i, t in enumerate(ids) if t in stop_ids), None)
-    if request.stop:
+    if stop_strings:
         # The earlier of the two ends: once a stop string ends a row, generate pads it, and a model whose
         # padding id is its end-of-turn id (SmolLM2) would otherwise seem to end one token later.
         text = ""
         for i, token in enumerate(ids[:end]):
             text += tokenizer.decode([token])
-            if any(s in text for s in request.stop):
-                end = i + 1
-                break
+            if any(s in text for s in stop_strings):
+                return i + 1
+    return end
+
+
+def _trimmed(ids: list[int], logprobs: list[float], request: SampleRequest, stop_ids, tokenizer) -> Sample:
+    """A row of the batch cut where its own request ends it (the rest is padding or other rows' steps)."""
+    ids = ids[: request.max_new_tokens]
+    end = end_of_sample(ids, stop_ids, request.stop, tokenizer)
     reason = "stop" if end is not None else "length"
     ids = ids if end is None else ids[:end]
     return Sample(ids, logprobs[: len(ids)], reason)

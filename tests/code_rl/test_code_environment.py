@@ -250,3 +250,57 @@ def test_held_out_function_problems_are_other_draws():
     held_out = function_problem_records(40, seed=10_000)
     assert not any(key(r) in training for r in held_out)
     assert len({r["fn_name"] for r in held_out}) == 20
+
+
+# MBPP's layout (google-research-datasets/mbpp): the cloud source of the functions data set.
+MBPP_ROWS = [
+    {
+        "task_id": 11,
+        "text": "Write a python function to remove first and last occurrence of a given character from the string.",
+        "code": "def remove_Occ(s,ch): \r\n    for i in range(len(s)): \r\n        if (s[i] == ch): \r\n"
+        "            s = s[0 : i] + s[i + 1:] \r\n            break\r\n    for i in range(len(s) - 1,-1,-1):  \r\n"
+        "        if (s[i] == ch): \r\n            s = s[0 : i] + s[i + 1:] \r\n            break\r\n    return s ",
+        "test_list": [
+            'assert remove_Occ("hello","l") == "heo"',
+            'assert remove_Occ("abcda","a") == "bcd"',
+            'assert remove_Occ("PHP","P") == "H"',
+        ],
+        "test_setup_code": "",
+    },
+    {
+        "task_id": 17,
+        "text": "Write a function to find the perimeter of a square.",
+        "code": "def square_perimeter(a):\r\n  perimeter=4*a\r\n  return perimeter",
+        "test_list": ["assert square_perimeter(10)==40", "assert square_perimeter(5)==20"],
+        "test_setup_code": "",
+    },
+    {  # tuples travel as JSON lists, and the function's tuple comes back as one
+        "task_id": 2,
+        "text": "Write a function to find the shared elements from the given two lists.",
+        "code": "def similar_elements(a, b):\n  return tuple(sorted(set(a) & set(b)))",
+        "test_list": ["assert similar_elements((3, 4, 5, 6),(5, 7, 4, 10)) == (4, 5)"],
+        "test_setup_code": "",
+    },
+]
+MBPP_UNUSABLE = [
+    {**MBPP_ROWS[2], "test_list": ["assert set(similar_elements((3, 4),(4, 5))) == set((4,))"]},  # not a call
+    {**MBPP_ROWS[1], "test_list": ["assert square_perimeter(10)=={40}"]},  # a set: JSON cannot carry it
+    {**MBPP_ROWS[1], "test_list": ["assert math.isclose(square_perimeter(1.5), 6.0)"]},
+    {**MBPP_ROWS[1], "test_setup_code": "import math"},
+]
+
+
+def test_mbpp_rows_become_function_problems_their_reference_passes(code_sandbox):
+    from helpers.data_prep import mbpp_problem
+
+    problems = [normalize_problem(mbpp_problem(row)) for row in MBPP_ROWS]
+    assert [p["fn_name"] for p in problems] == ["remove_Occ", "square_perimeter", "similar_elements"]
+    assert problems[0]["tests"][0] == {"input": '["hello", "l"]', "output": '"heo"'}
+    assert problems[1]["starter_code"].startswith("def square_perimeter(a):\n")
+    assert ">>> square_perimeter(10)==40" in problems[1]["starter_code"]
+    env = CodeEnvironment(local_judge(code_sandbox), "fraction")
+    right = [fenced(p["canonical_solution"]) for p in problems]
+    wrong = [fenced(p["starter_code"] + "    return None\n") for p in problems]
+    scores = env.score(problems + problems, right + wrong)
+    assert [s["verdict"] for s in scores] == ["accepted"] * 3 + ["wrong_answer"] * 3, scores
+    assert [mbpp_problem(row) for row in MBPP_UNUSABLE] == [None] * 4

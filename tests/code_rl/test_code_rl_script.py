@@ -57,10 +57,13 @@ def one_record_per_step(log: str, metrics_file: Path, steps: list[int]) -> list[
 
 @pytest.mark.parametrize("processes", [2, 1])
 def test_code_rl_trains_with_judges(tmp_path, offline_data, tiny_model_path, processes):
-    hyperparameters = dict(HYPERPARAMETERS)
+    hyperparameters, data_set = dict(HYPERPARAMETERS), "code"
     if processes == 1:  # also resumed: 3 steps with a checkpoint after step 2 only
         hyperparameters.update(max_steps=3, checkpoint_every=2)
-    env = container_env(tmp_path, {"train": offline_data["code"], "model": tiny_model_path}, hyperparameters)
+    else:  # functions to complete, judged by calls on the remote judge; completions end at a closing fence
+        hyperparameters.update(stop="\n```\n")
+        data_set = "functions"
+    env = container_env(tmp_path, {"train": offline_data[data_set], "model": tiny_model_path}, hyperparameters)
     command = script_command("code_rl.py", nproc=processes)
     done = run(command, env)
     assert done.returncode == 0, done.stdout[-4000:]

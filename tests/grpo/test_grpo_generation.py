@@ -47,6 +47,26 @@ def test_sampling_stops_at_the_stop_token_and_keeps_it(tiny_model_path):
     assert texts == tokenizer.batch_decode(ids, skip_special_tokens=True)
 
 
+def test_sampling_stops_at_the_end_of_a_stop_string_and_keeps_it(tiny_model_path):
+    """``stop_strings`` (transformers' own criterion): a completion ends with the token that completes
+    the text, and nothing before that token holds it; one without it ran to ``max_new_tokens``."""
+    model, tokenizer = load(tiny_model_path)
+    generator = generation.HFGenerator(
+        model, tokenizer, max_new_tokens=16, stop_strings=["th"], learners=distributed.single_learner("cpu")
+    )
+    torch.manual_seed(0)
+    ids, texts = generator.generate([tokenizer("Pick")["input_ids"]], num_generations=16)
+    stopped = [row for row in ids if "th" in tokenizer.decode(row)]
+    assert stopped and len(stopped) < 16 and len({len(row) for row in stopped}) > 1
+    for row in ids:
+        end_of_turn = row[-1] in generator.stop_ids
+        if "th" in tokenizer.decode(row):
+            assert "th" not in tokenizer.decode(row[:-1])  # it ends with the token that completes the text
+        else:
+            assert len(row) == 16 or end_of_turn
+    assert texts == tokenizer.batch_decode(ids, skip_special_tokens=True)
+
+
 def test_logprobs_of_left_padded_prompts_equal_unpadded(tiny_model_path):
     model, _ = load(tiny_model_path)
     prompts = [[5, 6, 7, 8, 9], [11, 12]]

@@ -69,6 +69,41 @@ def test_latest_keeps_the_last_value_of_each_metric():
 # --------------------------------------------------------------------------- cost
 
 
+def evaluation(accuracies, **options):
+    """An evaluate.py result: one record per example with its accuracy, and the run's options."""
+    mean = sum(accuracies) / len(accuracies)
+    spread = math.sqrt(sum((a - mean) ** 2 for a in accuracies) / (len(accuracies) - 1) / len(accuracies))
+    settings = {"n": len(accuracies), "samples_per_example": 4, "temperature": 1.0, "seed": 42, **options}
+    records = [{"example": {"statement": f"problem {i}"}, "accuracy": a} for i, a in enumerate(accuracies)]
+    return {"accuracy": mean, "standard_error": spread, "records": records, **settings}
+
+
+def test_a_held_out_change_is_paired_over_the_same_examples():
+    before = evaluation([0.0, 0.25, 0.5, 1.0])
+    after = evaluation([0.25, 0.5, 0.75, 1.0])
+    change = metrics.held_out_change(before, after)
+    # differences 0.25, 0.25, 0.25, 0: mean 0.1875, sample std 0.125, standard error 0.0625; far below
+    # the error of either figure, since each problem's difficulty cancels out of its difference
+    assert change["change"] == pytest.approx(0.1875) and change["change_standard_error"] == pytest.approx(0.0625)
+    assert change["before_standard_error"] > 3 * change["change_standard_error"]
+    text = metrics.describe_change(change, "pass rate")
+    assert "held-out pass rate, 4 problems x 4 answer(s) at temperature 1.0: 0.438 ± 0.213 -> 0.625" in text
+    assert text.endswith("change +0.188 ± 0.062 (paired), +3.0 standard errors")
+
+
+@pytest.mark.parametrize(
+    "changed, named",
+    [({"temperature": 0.5}, "temperature"), ({"seed": 7}, "seed"), ({"samples_per_example": 8}, "samples_per_example")],
+)
+def test_evaluations_that_did_not_meet_the_same_draws_are_not_compared(changed, named):
+    with pytest.raises(ValueError, match=f"differ in {named}.*would not be paired"):
+        metrics.held_out_change(evaluation([0.0, 1.0]), evaluation([0.0, 1.0], **changed))
+    other_problems = evaluation([0.0, 1.0])
+    other_problems["records"][0]["example"] = {"statement": "another problem"}
+    with pytest.raises(ValueError, match="differ in their examples"):
+        metrics.held_out_change(evaluation([0.0, 1.0]), other_problems)
+
+
 def test_cost_estimate_multiplies_price_count_and_max_run():
     estimate = cost.estimate(
         "ml.p5.48xlarge", 2, 3 * 3600, use_spot=True, max_wait_seconds=6 * 3600, ask_pricing_api=False
@@ -589,6 +624,22 @@ def test_starting_model_is_the_staged_base_or_the_sft_artifact(tmp_path):
     assert ws.starting_model("sft") == "s3://b/sft-1/output/model.tar.gz"
     with pytest.raises(LaunchError, match="start_from"):
         ws.starting_model("SFT")
+
+
+def test_a_data_set_notebook_0_did_not_stage_is_named_with_those_it_did(tmp_path):
+    from helpers.errors import LaunchError
+    from helpers.workshop import State, Workshop
+
+    state = State(tmp_path / "state.json")
+    ws = Workshop(session=None, role="r", bucket="b", region="us-east-1", run_mode="local", notebook="04", state=state)
+    with pytest.raises(LaunchError, match="has no 'channels': run 00_setup_and_data.ipynb first"):
+        ws.data_set("functions")
+    state.update(channels={"code": {"train": "s3://b/code/train", "test": "s3://b/code/test"}})
+    assert ws.data_set("code")["train"] == "s3://b/code/train"
+    with pytest.raises(
+        LaunchError, match=r"No data set 'functions'.*staged code\. .*run 00_setup_and_data.ipynb again"
+    ):
+        ws.data_set("functions")
 
 
 def test_summary_says_what_each_curve_did(tmp_path):
