@@ -144,7 +144,6 @@ SMOLLM2_PARAMETERS = {
     # A completion ends at its program's closing fence. Held out: the 32 test problems, 8 answers each at
     # temperature 1, the same seeds before and after.
     "04": {
-        "instance_count": 1,
         "start_from": "base",
         "data_set": "functions",
         "learning_rate": 5e-5,
