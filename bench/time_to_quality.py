@@ -496,6 +496,13 @@ def worker(side: str, model: str, seed: int, max_steps: int) -> dict:
     }
 
 
+def parse_result(stdout: str) -> dict | None:
+    """The worker's result from its output: the JSON after the last marker, which may follow a line the
+    loop left without its newline when the run stopped at the target."""
+    _, marker, rest = stdout.rpartition(RESULT_MARK)
+    return json.loads(rest.splitlines()[0]) if marker else None
+
+
 def run_in_subprocess(side: str, model: str, seed: int, max_steps: int, timeout: float) -> dict:
     command = [sys.executable, "-m", "bench.time_to_quality", "--worker", side, model, str(seed), str(max_steps)]
     env = dict(
@@ -507,9 +514,9 @@ def run_in_subprocess(side: str, model: str, seed: int, max_steps: int, timeout:
         PYTHONPATH=str(REPO_ROOT),
     )
     completed = subprocess.run(command, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=timeout)
-    for line in completed.stdout.splitlines():
-        if line.startswith(RESULT_MARK):
-            return json.loads(line[len(RESULT_MARK) :])
+    result = parse_result(completed.stdout)
+    if result is not None:
+        return result
     raise RuntimeError(
         f"{side}/{model}/seed {seed} failed (exit {completed.returncode}):\n"
         f"{completed.stdout[-3000:]}\n{completed.stderr[-5000:]}"
@@ -574,7 +581,7 @@ def measure(
     max_steps: int | None = None,
     concurrent: bool = False,
     timeout: float = 7200,
-    log=print,
+    log=lambda text: print(text, flush=True),  # each side's line as it finishes, also into a redirected log
 ) -> list[Row]:
     """Every side once per seed, sides alternating within a seed so a change of load hits each.
     ``concurrent``: the sides of a seed at once, to check the code quickly (their times then share the
@@ -622,7 +629,7 @@ def main(argv: list[str] | None = None) -> list[Row] | None:
     args = parser.parse_args(argv)
     if args.worker:
         side, model, seed, steps = args.worker
-        print(RESULT_MARK + json.dumps(worker(side, model, int(seed), int(steps))), flush=True)
+        print("\n" + RESULT_MARK + json.dumps(worker(side, model, int(seed), int(steps))), flush=True)
         return None
     load_before = Path("/proc/loadavg").read_text().split()[:3] if Path("/proc/loadavg").exists() else []
     rows = measure(args.sides, args.model, args.seeds, args.max_steps, args.concurrent)

@@ -58,3 +58,13 @@ def test_time_to_quality_every_side_on_tiny_shapes(tmp_path, tiny_model_path):
         assert run["peak_rss_mib"] > 0 and run["eval_seconds"] > 0
         assert 0 < run["completion_length"] <= 8  # every side's samples are cut at the profile's 8 tokens
     assert "| time to target |" in out.read_text()
+
+
+def test_a_worker_result_is_found_after_a_line_left_without_its_newline():
+    """A run stopped at its target may leave its last metric line unfinished: the result still counts."""
+    from bench.time_to_quality import RESULT_MARK, parse_result
+
+    stdout = f'step=8 reward=0.29 train_time=19.09{RESULT_MARK}{{"reached_at": {{"step": 8}}}}\n\nLoading weights\n'
+    assert parse_result(stdout) == {"reached_at": {"step": 8}}
+    assert parse_result(f'{RESULT_MARK}{{"a": 1}}\n') == {"a": 1}
+    assert parse_result("step=1 loss=0.5\nTraceback (most recent call last):\n") is None
