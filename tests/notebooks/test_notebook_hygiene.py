@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import json
 import re
 import subprocess
 import sys
@@ -39,6 +40,9 @@ def test_notebook_is_clean(path):
     nb = nbformat.read(str(path), as_version=4)
     nbformat.validate(nb)
     assert problems(nb) == []
+    # nbformat 4.5 cells carry ids; reading fills in missing ones (with a warning), so read the file itself
+    ids = [cell.get("id") for cell in json.loads(path.read_text())["cells"]]
+    assert None not in ids and len(set(ids)) == len(ids), ids
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
