@@ -159,3 +159,13 @@ def test_session_code_rl_on_the_real_model_raises_the_held_out_pass_rate_beyond_
     gain = held_out["after"] - held_out["before"]
     assert gain >= 2 * held_out["change_standard_error"] > 0, held_out
     assert record["pass_rate"]["last_quarter"] > record["pass_rate"]["first_quarter"], record["pass_rate"]
+
+
+def test_job_code_rl_on_the_real_model_raises_the_held_out_pass_rate_beyond_its_noise(smollm2_run):
+    """Code RL in a training job (notebook 04, all weights) on functions to complete, as HumanEval poses
+    them, from the base model. Held out: the 32 test problems x 8 answers at temperature 1, the same seeds
+    before and after, in two evaluate.py jobs."""
+    held_out = smollm2_run.summary["code_rl_evaluation"]
+    assert held_out["data_set"] == "functions" and held_out["examples"] == PROFILE["04"]["eval_examples"]
+    assert held_out["samples_per_example"] == PROFILE["04"]["eval_samples"] and held_out["temperature"] == 1.0
+    assert held_out["change"] >= 2 * held_out["change_standard_error"] > 0, held_out
