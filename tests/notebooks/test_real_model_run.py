@@ -164,7 +164,9 @@ def test_session_code_rl_on_the_real_model_raises_the_held_out_pass_rate_beyond_
 def test_job_code_rl_on_the_real_model_raises_the_held_out_pass_rate_beyond_its_noise(smollm2_run):
     """Code RL in a training job (notebook 04, all weights) on functions to complete, as HumanEval poses
     them, from the base model. Held out: the 32 test problems x 8 answers at temperature 1, the same seeds
-    before and after, in two evaluate.py jobs."""
+    before and after, in two evaluate.py jobs. Measured with the profile's sizes: 0.19 +- 0.04 -> 0.77 +-
+    0.05, a paired change of +0.59 +- 0.05; tests passed by the sampled programs 0.32 -> 0.70 (first -> last
+    quarter of 16 steps)."""
     held_out = smollm2_run.summary["code_rl_evaluation"]
     assert held_out["data_set"] == "functions" and held_out["examples"] == PROFILE["04"]["eval_examples"]
     assert held_out["samples_per_example"] == PROFILE["04"]["eval_samples"] and held_out["temperature"] == 1.0
