@@ -73,6 +73,20 @@ EXPECTED_REQUESTS = {
         isolation=True,
         channels={"train", "model", "code"},
     ),
+    # Notebook 4's held-out evaluation: evaluate.py on the starting and the trained model, with the code
+    # job's settings (network isolation: the source arrives as channel "code").
+    "04-held-out": dict(
+        jobs=2,
+        program="evaluate.py",
+        image=PYTORCH_IMAGE,
+        instance_type="ml.g5.2xlarge",
+        count=1,
+        spot=False,
+        checkpoint=False,
+        torchrun=False,
+        isolation=True,
+        channels={"test", "model", "code"},
+    ),
     "05": dict(
         jobs=1,
         program="grpo.py",
@@ -100,12 +114,11 @@ EXPECTED_REQUESTS = {
 }
 # A metric each script must report (in its metric lines and metrics.jsonl).
 EXPECTED_METRICS = {
-    "01": "loss",
-    "02": "rewards_accuracies",
-    "03": "reward",
-    "04": "pass_rate",
-    "05": "reward",
-    "06": "accuracy",
+    "sft.py": "loss",
+    "dpo.py": "rewards_accuracies",
+    "grpo.py": "reward",
+    "code_rl.py": "pass_rate",
+    "evaluate.py": "accuracy",
 }
 
 
@@ -137,8 +150,8 @@ def test_summary_is_written_for_people(notebook_run):
 @pytest.mark.parametrize("prefix", sorted(EXPECTED_REQUESTS))
 def test_jobs_completed_and_sent_their_cloud_request(notebook_run, prefix):
     expected = EXPECTED_REQUESTS[prefix]
-    jobs = notebook_run.jobs(prefix)
-    assert len(jobs) == expected["jobs"], [j["job_name"] for j in jobs]
+    jobs = [job for job in notebook_run.jobs(prefix[:2]) if _program(job) == expected["program"]]
+    assert len(jobs) == expected["jobs"], [j["job_name"] for j in notebook_run.jobs(prefix[:2])]
     for job in jobs:
         assert job["status"] == "Completed", f"{job['job_name']}: {job.get('failure_reason')}"
         request = job["request"]
@@ -165,6 +178,11 @@ def test_jobs_completed_and_sent_their_cloud_request(notebook_run, prefix):
         assert stored["AlgorithmSpecification"]["TrainingImage"] == expected["image"]
 
 
+def _program(job) -> str:
+    """The script a job ran, from its request."""
+    return _decode(job["request"]["HyperParameters"]["sagemaker_program"])
+
+
 def _metrics_records(notebook_run, job) -> list[dict]:
     output = notebook_run.s3_file(job["model_data"].replace("model.tar.gz", "output.tar.gz"))
     with tarfile.open(output) as archive:
@@ -172,8 +190,9 @@ def _metrics_records(notebook_run, job) -> list[dict]:
         return [json.loads(line) for line in archive.extractfile(member).read().decode().splitlines() if line.strip()]
 
 
-@pytest.mark.parametrize("prefix", sorted(EXPECTED_METRICS))
+@pytest.mark.parametrize("prefix", ["01", "02", "03", "04", "05", "06"])
 def test_metrics_are_in_the_output_archive_and_finite(notebook_run, prefix):
+    assert notebook_run.jobs(prefix)
     for job in notebook_run.jobs(prefix):
         records = _metrics_records(notebook_run, job)
         assert records, job["job_name"]
@@ -181,7 +200,7 @@ def test_metrics_are_in_the_output_archive_and_finite(notebook_run, prefix):
         # in step order; a step may span two records (code RL logs its verdict rates apart)
         assert steps == sorted(steps), f"{job['job_name']}: steps {steps}"
         merged = merge_by_step(records)
-        assert any(EXPECTED_METRICS[prefix] in r for r in merged), f"{job['job_name']}: {merged[-1]}"
+        assert any(EXPECTED_METRICS[_program(job)] in r for r in merged), f"{job['job_name']}: {merged[-1]}"
         for record in records:
             for name, value in record.items():
                 assert isinstance(value, (int, float)) and math.isfinite(value), f"{job['job_name']}: {name}={value}"
@@ -256,7 +275,7 @@ def test_executed_notebooks_have_no_errors_and_show_plots(notebook_run):
 def _curve(notebook_run, prefix: str, metric: str) -> list[float]:
     """The metric over the whole run, from the job's log (an interrupted job's archive holds only
     the steps of its last attempt)."""
-    (job,) = notebook_run.jobs(prefix)
+    (job,) = [job for job in notebook_run.jobs(prefix) if _program(job) != "evaluate.py"]
     values = [r[metric] for r in run_notebooks.job_metrics(notebook_run.out, job) if metric in r]
     assert values, f"{job['job_name']} logged no {metric}"
     return values
@@ -306,6 +325,19 @@ def test_held_out_accuracy_rises_with_the_same_checker(notebook_run):
         evaluation["trained"]["n"] == evaluation["base"]["n"] == run_notebooks.CI_PARAMETERS["06"]["max_eval_examples"]
     )
     assert evaluation["trained"]["accuracy"] > evaluation["base"]["accuracy"] + 0.1, evaluation
+
+
+def test_code_rl_held_out_pass_rate_is_measured_before_and_after_on_the_same_draws(notebook_run):
+    """Notebook 4's two evaluation jobs: the starting model and the code-RL model on the same held-out
+    problems; the summary states both figures and the paired change with their standard errors."""
+    held_out = notebook_run.state["code_rl_evaluation"]
+    assert held_out["data_set"] == "code" and held_out["examples"] == run_notebooks.CI_PARAMETERS["04"]["eval_examples"]
+    models = {job["job_name"]: job["request"]["InputDataConfig"] for job in notebook_run.jobs("04")}
+    (trained,) = [job["model_data"] for job in notebook_run.jobs("04") if _program(job) == "code_rl.py"]
+    after = {c["ChannelName"]: c["DataSource"]["S3DataSource"]["S3Uri"] for c in models[held_out["jobs"]["after"]]}
+    assert after["model"] == trained
+    assert "Code RL: held-out pass rate before and after" in (notebook_run.out / "summary.md").read_text()
+    assert all(math.isfinite(held_out[k]) for k in ("before", "after", "change", "change_standard_error"))
 
 
 def test_summary_says_what_each_curve_shows(notebook_run):
