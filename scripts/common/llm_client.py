@@ -190,6 +190,16 @@ class TokenBucket:
 RETRYABLE_STATUS = {408, 409, 429}  # and every 5xx
 
 
+def _refusal_reason(error) -> str:
+    """What the endpoint said about a refused request: the openai package's message, and the body's
+    ``message`` or ``detail`` when the message lacks it (servers that answer ``{"detail": ...}``)."""
+    body = error.body
+    said = body.get("message") or body.get("detail") if isinstance(body, dict) else body
+    if said and str(said) not in error.message:
+        return f"{error.message} ({str(said)[:500]})"
+    return error.message
+
+
 def _retry_after_seconds(headers) -> float | None:
     """The server's ``Retry-After`` (seconds or an HTTP date) or ``retry-after-ms``, if any."""
     if headers is None:
@@ -479,8 +489,9 @@ class LLMClient:
                 if status not in RETRYABLE_STATUS and status < 500:
                     self.usage.failures += 1
                     raise LLMRequestFailed(
-                        f"The endpoint refused the request with HTTP {status}: {error.message}. "
-                        "Check OPENAI_BASE_URL, the model name and the key; this is not retried."
+                        f"The endpoint refused the request with HTTP {status}: {_refusal_reason(error)}. "
+                        "Check OPENAI_BASE_URL, the model name, the key and the request's parameters; "
+                        "this is not retried."
                     ) from None
                 retry_after = _retry_after_seconds(error.response.headers)
                 last_error = f"HTTP {status}"

@@ -86,6 +86,14 @@ def test_a_client_error_is_not_retried(llm_server):
     assert proxy.done() == ["400"]
 
 
+def test_a_refused_request_says_what_the_server_said(llm_server):
+    """transformers serve answers a refusal as ``{"detail": ...}``, not OpenAI's ``{"error": ...}``: the
+    reason reaches the error all the same (here: a logit_bias with integer values, which it refuses)."""
+    with make_client(llm_server) as client:
+        with pytest.raises(LLMRequestFailed, match=r"HTTP 400: .*\(.*sequence_bias.*floats.*\).*not retried"):
+            client.complete_many([QUESTION], max_tokens=1, logit_bias={"1": 100})
+
+
 def test_failures_can_be_returned_in_place(llm_server):
     with FaultProxy(upstream(llm_server), ["400"]) as proxy:
         with make_client(llm_server, proxy.base_url, max_concurrency=1) as client:
