@@ -526,6 +526,7 @@ def build_summary(results: list[dict], state_file: Path, out: Path) -> dict:
         "evaluation": state.get("evaluation", {}),
         "code_rl_evaluation": state.get("code_rl_evaluation", {}),
         "spot": state.get("spot", {}),
+        "teacher_and_judge": state.get("teacher_and_judge", {}),
         "training_sessions": training_sessions.records(state_file.parent),
         "paths": {
             "executed notebooks": str(out / "notebooks"),
@@ -612,9 +613,37 @@ def render_markdown(summary: dict) -> str:
             f"- {s.get('job_name')}: resumed from step {s.get('resumed_from_step')}, "
             f"savings {s.get('savings_percent')}% ({s.get('note', '')})",
         ]
+    lines += render_teacher_and_judge(summary.get("teacher_and_judge") or {})
     lines += training_sessions.render(summary.get("training_sessions") or [])
     lines += ["", "## Where things are", ""] + [f"- {k}: {v}" for k, v in summary["paths"].items()]
     return "\n".join(lines) + "\n"
+
+
+def render_teacher_and_judge(result: dict) -> list[str]:
+    """Notebook 13's figures: held-out accuracy of SFT on the teacher's data and on the original
+    solutions, and the pairwise judge's win rate of the first against the base model."""
+    if not result:
+        return []
+    lines = ["", "## Teacher and judge (notebook 13)", ""]
+    for name, accuracy in result.get("held_out_accuracy", {}).items():
+        lines.append(
+            f"- SFT on the {name} answers: held-out accuracy {accuracy['accuracy']:.3f} ± "
+            f"{accuracy['standard_error']:.3f} ({accuracy['n']} problems, greedy)"
+        )
+    rate = result.get("win_rate")
+    if rate:
+        figure = (
+            f"{rate['win_rate']:.3f} ± {rate['standard_error']:.3f}, 95 % CI [{rate['ci95_low']:.3f}, "
+            f"{rate['ci95_high']:.3f}]"
+            if rate["judged"]
+            else "none (no verdict given)"
+        )
+        lines.append(
+            f"- judged win rate of SFT on the teacher's answers against the base model ({result.get('pairwise_verdicts')} "
+            f"verdicts): {figure}; {rate['judged']:.0f} judged, {rate['failed']:.0f} failed; the judge chose the "
+            f"answer it read first in {rate['chose_first']:.0%} of its decided verdicts"
+        )
+    return lines
 
 
 def write_summary(summary: dict, out: Path) -> None:

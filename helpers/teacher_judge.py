@@ -8,6 +8,8 @@
   SFT conversations, the baseline the teacher's data is compared with.
 - ``greedy_answers`` and ``accuracy_with_error``: held-out answers of a trained model, scored by the
   GSM8K checker the jobs use, with the standard error of the accuracy.
+- ``choice_token_ids``: the ids of "1" and "2" in a model folder's tokenizer, for a pairwise judge that
+  answers with one constrained token (``environments.llm_judge.PairwiseJudge``).
 """
 
 from __future__ import annotations
@@ -30,19 +32,52 @@ class Endpoint:
     teacher_model: str
     judge_model: str
     secret_name: str
+    # The judge tokenizer's ids of "1" and "2": the pairwise judge then answers with one constrained
+    # token. None: it writes a JSON verdict.
+    judge_choice_token_ids: dict[str, int] | None = None
 
     def describe(self) -> str:
+        verdicts = (
+            f'one token, "1" or "2" (ids {self.judge_choice_token_ids}), by logit_bias'
+            if self.judge_choice_token_ids
+            else "a JSON object"
+        )
         return (
             f"endpoint {self.base_url}\nteacher model: {self.teacher_model}\njudge model: {self.judge_model}\n"
+            f"pairwise verdicts: {verdicts}\n"
             f"API key: in the Secrets Manager secret {self.secret_name!r} (for jobs) and OPENAI_API_KEY (here)"
         )
 
 
+def choice_token_ids(model_dir: str | Path, choices: tuple[str, ...] = ("1", "2")) -> dict[str, int]:
+    """Each choice's token id in the tokenizer of ``model_dir``; each must be exactly one token."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
+    ids = {}
+    for choice in choices:
+        encoded = tokenizer.encode(choice, add_special_tokens=False)
+        if len(encoded) != 1:
+            raise ValueError(
+                f"{choice!r} is {len(encoded)} tokens in the tokenizer of {model_dir}; a constrained choice needs "
+                "one token per choice. Leave judge_choice_token_ids as None for JSON verdicts."
+            )
+        ids[choice] = encoded[0]
+    return ids
+
+
 def open_endpoint(
-    ws, secret_name: str, local_model_dir: str | Path | None, teacher_model: str | None, judge_model: str | None
+    ws,
+    secret_name: str,
+    local_model_dir: str | Path | None,
+    teacher_model: str | None,
+    judge_model: str | None,
+    judge_choice_token_ids: dict[str, int] | None = None,
 ) -> Endpoint:
     """The endpoint of the teacher and judge (see the module docstring). Sets ``OPENAI_BASE_URL`` and
-    ``OPENAI_API_KEY`` in this kernel in local mode; on SageMaker they must be set already."""
+    ``OPENAI_API_KEY`` in this kernel in local mode; on SageMaker they must be set already.
+    ``judge_choice_token_ids``: see ``Endpoint``; in local mode, when None, read from the served model
+    (the served folder's tokenizer is the judge's)."""
     secrets = ws.session.boto_session.client("secretsmanager")
     if ws.run_mode == "local":
         stack = contextlib.ExitStack()
@@ -54,7 +89,15 @@ def open_endpoint(
         with contextlib.suppress(secrets.exceptions.ResourceExistsException):
             secrets.create_secret(Name=secret_name, SecretString=os.environ["OPENAI_API_KEY"])
         secrets.put_secret_value(SecretId=secret_name, SecretString=os.environ["OPENAI_API_KEY"])
-        return Endpoint(server.base_url, teacher_model or server.model, judge_model or server.model, secret_name)
+        if judge_choice_token_ids is None and not judge_model:
+            judge_choice_token_ids = choice_token_ids(local_model_dir)
+        return Endpoint(
+            server.base_url,
+            teacher_model or server.model,
+            judge_model or server.model,
+            secret_name,
+            judge_choice_token_ids,
+        )
     missing = [name for name in ("OPENAI_BASE_URL", "OPENAI_API_KEY") if not os.environ.get(name)]
     if missing or not teacher_model or not judge_model:
         raise RuntimeError(
@@ -68,7 +111,7 @@ def open_endpoint(
             f"No secret {secret_name!r}: create it with `aws secretsmanager create-secret --name {secret_name} "
             "--secret-string <your key>`, and give the execution role secretsmanager:GetSecretValue on it."
         ) from None
-    return Endpoint(os.environ["OPENAI_BASE_URL"], teacher_model, judge_model, secret_name)
+    return Endpoint(os.environ["OPENAI_BASE_URL"], teacher_model, judge_model, secret_name, judge_choice_token_ids)
 
 
 def download_model(session, uri: str, dest: str | Path) -> Path:

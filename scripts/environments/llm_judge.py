@@ -19,6 +19,10 @@ failures of each step with the client's requests, cache hits, retries and tokens
 
 ``PairwiseJudge`` compares two answers to one question, in a random order per pair (a judge tends to
 prefer the answer it reads first), and ``win_rate`` turns its verdicts into a rate with a standard error.
+A judge too small to write JSON can still choose: given the token ids of "1" and "2" in its tokenizer
+(``choice_token_ids``), the pairwise judge asks for one token with ``logit_bias`` on those two, so every
+answer it can give is a verdict (no ties, no reason). A server that ignores ``logit_bias`` still fails
+to parse, and is counted as such.
 """
 
 from __future__ import annotations
@@ -46,6 +50,10 @@ PAIRWISE_INSTRUCTIONS = (
     'Reply with exactly one JSON object and nothing else: {"better": <1 or 2, or 0 for a tie>, '
     '"reason": "<one sentence>"}.'
 )
+CHOICE_INSTRUCTIONS = "Reply with the number of the better answer and nothing else: 1 or 2."
+# OpenAI's logit_bias runs from -100 to 100; at 100 the two choices outweigh every other token. A float:
+# transformers serve refuses integer biases (its sequence_bias wants floats), which OpenAI accepts as well.
+CHOICE_BIAS = 100.0
 _verdict_object = json_object({"score": int, "reason": str})
 _pairwise_object = json_object({"better": int, "reason": str})
 
@@ -63,6 +71,14 @@ def parse_preference(text: str) -> dict:
     if preference["better"] not in (0, 1, 2):
         raise ParseError(f"better is {preference['better']}, expected 1, 2 or 0")
     return preference
+
+
+def parse_choice(text: str) -> dict:
+    """A one-token verdict: "1" or "2" and nothing else (surrounding spaces allowed)."""
+    choice = text.strip()
+    if choice not in ("1", "2"):
+        raise ParseError(f"expected the choice 1 or 2, got {text!r}")
+    return {"better": int(choice), "reason": f"chose answer {choice}"}
 
 
 class LLMJudgeEnvironment:
@@ -169,17 +185,42 @@ class LLMJudgeEnvironment:
 
 
 class PairwiseJudge:
-    """Which of two answers to a question is better, each pair shown in a random order (seeded)."""
+    """Which of two answers to a question is better, each pair shown in a random order (seeded).
 
-    def __init__(self, client: LLMClient, rubric: str = RUBRIC, seed: int = 0, max_tokens: int = 96):
+    ``choice_token_ids``: the judge tokenizer's ids of "1" and "2" (``{"1": id, "2": id}``). With them the
+    judge answers with one token, constrained to those two by ``logit_bias``; without them it writes the
+    JSON object of ``PAIRWISE_INSTRUCTIONS`` (which also allows a tie)."""
+
+    def __init__(
+        self,
+        client: LLMClient,
+        rubric: str = RUBRIC,
+        seed: int = 0,
+        max_tokens: int = 96,
+        choice_token_ids: dict[str, int] | None = None,
+    ):
+        if choice_token_ids is not None and set(choice_token_ids) != {"1", "2"}:
+            raise ValueError(
+                f"choice_token_ids maps {sorted(choice_token_ids)}; give the judge tokenizer's ids of exactly "
+                '"1" and "2", for example {"1": 16, "2": 17}.'
+            )
         self.client = client
         self.rubric = rubric
         self.seed = seed
         self.max_tokens = max_tokens
+        self.choice_token_ids = choice_token_ids
+
+    def request_parameters(self) -> tuple[str, object, dict]:
+        """The instructions, the parser and the chat-completion parameters of one comparison."""
+        if self.choice_token_ids is None:
+            return PAIRWISE_INSTRUCTIONS, parse_preference, {"max_tokens": self.max_tokens}
+        bias = {str(token_id): CHOICE_BIAS for token_id in self.choice_token_ids.values()}
+        return CHOICE_INSTRUCTIONS, parse_choice, {"max_tokens": 1, "temperature": 0.0, "logit_bias": bias}
 
     def compare(self, questions: Sequence[str], answers_a: Sequence[str], answers_b: Sequence[str]) -> list[dict]:
         """One verdict per question: ``winner`` "a", "b", "tie", or None when the judge failed
         (``error`` then says why); ``a_first`` records the order the judge saw."""
+        instructions, parse, params = self.request_parameters()
         order = random.Random(self.seed)
         requests, a_first = [], []
         for question, a, b in zip(questions, answers_a, answers_b, strict=True):
@@ -188,11 +229,11 @@ class PairwiseJudge:
             a_first.append(first)
             requests.append(
                 [
-                    {"role": "system", "content": f"{self.rubric}\n{PAIRWISE_INSTRUCTIONS}"},
+                    {"role": "system", "content": f"{self.rubric}\n{instructions}"},
                     {"role": "user", "content": f"Question:\n{question}\n\nAnswer 1:\n{one}\n\nAnswer 2:\n{two}"},
                 ]
             )
-        results = self.client.complete_structured_many(requests, parse_preference, max_tokens=self.max_tokens)
+        results = self.client.complete_structured_many(requests, parse, **params)
         verdicts = []
         for first, result in zip(a_first, results, strict=True):
             if not result.ok:
@@ -206,8 +247,12 @@ class PairwiseJudge:
 
 def win_rate(verdicts: Sequence[dict]) -> dict[str, float]:
     """A's win rate over the verdicts the judge gave (a tie counts one half), its standard error and a
-    95 % confidence interval (normal approximation); failed verdicts are counted apart, not as losses."""
+    95 % confidence interval (normal approximation); failed verdicts are counted apart, not as losses.
+    ``chose_first``: the share of decided verdicts that went to the answer the judge read first, its
+    position bias (0.5 for a judge that reads; the random order keeps that bias out of the win rate,
+    where it adds noise instead)."""
     outcomes = [{"a": 1.0, "b": 0.0, "tie": 0.5}[v["winner"]] for v in verdicts if v["winner"] is not None]
+    decided = [v for v in verdicts if v["winner"] in ("a", "b") and "a_first" in v]
     n = len(outcomes)
     result = {
         "judged": float(n),
@@ -215,6 +260,9 @@ def win_rate(verdicts: Sequence[dict]) -> dict[str, float]:
         "wins": float(outcomes.count(1.0)),
         "losses": float(outcomes.count(0.0)),
         "ties": float(outcomes.count(0.5)),
+        "chose_first": (
+            sum((v["winner"] == "a") == v["a_first"] for v in decided) / len(decided) if decided else math.nan
+        ),
     }
     if n == 0:
         return {**result, "win_rate": math.nan, "standard_error": math.nan, "ci95_low": math.nan, "ci95_high": math.nan}

@@ -7,10 +7,12 @@ import math
 
 import pytest
 from common.advantages import group_advantages, group_advantages_excluding
-from common.llm_client import LLMClient
+from common.llm_client import LLMClient, ParseError
 from environments import Environment, make_environment
-from environments.llm_judge import LLMJudgeEnvironment, PairwiseJudge, win_rate
+from environments.llm_judge import LLMJudgeEnvironment, PairwiseJudge, parse_choice, win_rate
 from fault_proxy import FaultProxy
+from hypothesis import given
+from hypothesis import strategies as st
 
 PROBLEM = {"question": "Tom has 3 apples and buys 2 more. How many apples?", "answer": "3 + 2 = 5\n#### 5"}
 
@@ -83,6 +85,66 @@ def test_the_pairwise_judge_shuffles_the_order_and_undoes_it(llm_server):
         assert verdict["winner"] == ("a" if verdict["a_first"] else "b")
     # The bias cancels out in the rate: A wins exactly when it was shown first.
     assert win_rate(verdicts)["win_rate"] == pytest.approx(sum(firsts) / n)
+
+
+def test_a_judge_too_small_for_json_still_chooses_when_its_answer_is_constrained(llm_server, tiny_model_path):
+    """The tiny model writes no JSON verdict; asked for one token with logit_bias on the ids of "1" and
+    "2", every comparison it is given comes back as a verdict, through the real server."""
+    from helpers.teacher_judge import choice_token_ids
+
+    ids = choice_token_ids(tiny_model_path)
+    n = 12
+    questions = [PROBLEM["question"]] * n
+    trained, base = [f"3 + 2 = 5\n#### 5 ({i})" for i in range(n)], [f"It is {i}." for i in range(n)]
+    upstream = llm_server.base_url.removesuffix("/v1")
+    with FaultProxy(upstream, []) as proxy:  # no faults: it passes every request on and records it
+        with client_for(llm_server, proxy.base_url) as client:
+            constrained = PairwiseJudge(client, seed=1, choice_token_ids=ids).compare(questions, trained, base)
+            free = PairwiseJudge(client, seed=1, max_tokens=8).compare(questions, trained, base)
+    result = win_rate(constrained)
+    assert result["judged"] == n and result["failed"] == 0 and result["ties"] == 0
+    assert 0.0 <= result["win_rate"] <= 1.0 and 0.0 <= result["chose_first"] <= 1.0
+    assert {v["reason"] for v in constrained} <= {"chose answer 1", "chose answer 2"}
+    for body in proxy.bodies[:n]:
+        assert body["max_tokens"] == 1 and body["temperature"] == 0.0
+        assert body["logit_bias"] == {str(ids["1"]): 100, str(ids["2"]): 100}
+        assert "1 or 2" in body["messages"][0]["content"]
+    assert "logit_bias" not in proxy.bodies[n]
+    assert win_rate(free)["failed"] == n  # the same comparisons, unconstrained: no verdict at all
+
+
+def test_choices_are_one_token_each_or_refused(tiny_model_path, llm_server):
+    from helpers.teacher_judge import choice_token_ids
+
+    ids = choice_token_ids(tiny_model_path)
+    assert set(ids) == {"1", "2"} and ids["1"] != ids["2"]
+    with pytest.raises(ValueError, match="one token per choice"):
+        choice_token_ids(tiny_model_path, ("1", "A long choice"))
+    with client_for(llm_server) as client, pytest.raises(ValueError, match='exactly "1" and "2"'):
+        PairwiseJudge(client, choice_token_ids={"A": 1, "B": 2})
+
+
+@given(st.text(max_size=8))
+def test_a_constrained_verdict_is_the_choice_alone(text):
+    if text.strip() in ("1", "2"):
+        assert parse_choice(text)["better"] == int(text.strip())
+    else:
+        with pytest.raises(ParseError, match="expected the choice 1 or 2"):
+            parse_choice(text)
+
+
+def test_win_rate_reports_the_judges_position_bias():
+    # a_first: A was read first. The judge chose the first-read answer in 3 of the 4 decided verdicts.
+    verdicts = [
+        {"winner": "a", "a_first": True},
+        {"winner": "b", "a_first": False},
+        {"winner": "b", "a_first": True},
+        {"winner": "a", "a_first": True},
+        {"winner": "tie", "a_first": False},
+        {"winner": None, "a_first": True},
+    ]
+    assert win_rate(verdicts)["chose_first"] == pytest.approx(3 / 4)
+    assert math.isnan(win_rate([{"winner": None, "a_first": True}])["chose_first"])
 
 
 def test_win_rate_counts_ties_half_and_failures_apart():

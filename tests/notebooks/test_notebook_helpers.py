@@ -518,6 +518,26 @@ def test_summary_names_the_failing_notebook_and_cell(tmp_path):
     assert "base: accuracy 0.250" in text and "trained: accuracy 0.500" in text
 
 
+def test_the_summary_gives_the_judged_win_rate_with_its_interval_or_says_there_is_none():
+    from helpers import run_notebooks
+
+    # win_rate's fields for 3 wins in 4 verdicts, half of them given to the answer read first
+    rate = dict(judged=4.0, failed=0.0, win_rate=0.75, standard_error=0.25, ci95_low=0.26, ci95_high=1.0)
+    result = {
+        "held_out_accuracy": {"synthetic": {"accuracy": 0.25, "standard_error": 0.108, "n": 16}},
+        "win_rate": {**rate, "chose_first": 0.5},
+        "pairwise_verdicts": "one token",
+    }
+    lines = "\n".join(run_notebooks.render_teacher_and_judge(result))
+    assert "SFT on the synthetic answers: held-out accuracy 0.250 ± 0.108 (16 problems, greedy)" in lines
+    assert "(one token verdicts): 0.750 ± 0.250, 95 % CI [0.260, 1.000]; 4 judged, 0 failed" in lines
+    assert "answer it read first in 50% of its decided verdicts" in lines
+    nothing = {**rate, "judged": 0.0, "failed": 4.0, "win_rate": math.nan, "chose_first": math.nan}
+    none = run_notebooks.render_teacher_and_judge({**result, "win_rate": nothing})
+    assert "none (no verdict given); 0 judged, 4 failed" in "\n".join(none)
+    assert run_notebooks.render_teacher_and_judge({}) == []
+
+
 def test_job_notebooks_and_session_notebooks_are_two_lanes():
     from helpers import run_notebooks
 

@@ -22,7 +22,15 @@ from helpers import run_notebooks
 
 REPO = Path(__file__).resolve().parents[2]
 NOTEBOOKS = sorted((REPO / "notebooks").glob("[0-9][0-9]_*.ipynb"))
-TYPES = {"str": str, "int": int, "float": (int, float), "bool": bool, "None": type(None), "list[str]": list}
+TYPES = {
+    "str": str,
+    "int": int,
+    "float": (int, float),
+    "bool": bool,
+    "None": type(None),
+    "list[str]": list,
+    "dict": dict,
+}
 
 
 def cell_parameters(path: Path) -> dict:

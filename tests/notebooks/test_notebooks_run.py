@@ -368,6 +368,16 @@ def test_teacher_and_judge_notebook_accounts_for_every_request_and_shows_no_key(
     assert usage["requests"] + usage["failures"] == judged  # every verdict asked once: answered or failed, none lost
     assert usage["parse_failures"] <= usage["requests"] and usage["total_tokens"] > 0
     assert LOCAL_API_KEY not in (notebook_run.out / "notebooks" / "13_teacher_and_judge.ipynb").read_text()
+    # The tiny judge writes no JSON, but its one-token choices are verdicts: every held-out pair judged.
+    result = notebook_run.state["teacher_and_judge"]
+    rate = result["win_rate"]
+    assert result["pairwise_verdicts"] == "one token"
+    assert (rate["judged"], rate["failed"]) == (parameters["held_out"], 0)
+    assert 0.0 <= rate["ci95_low"] <= rate["win_rate"] <= rate["ci95_high"] <= 1.0
+    assert set(result["held_out_accuracy"]) == {"synthetic", "original"}
+    summary = (notebook_run.out / "summary.md").read_text()
+    assert "## Teacher and judge (notebook 13)" in summary
+    assert f"{rate['win_rate']:.3f} ± {rate['standard_error']:.3f}" in summary
 
 
 def test_every_direction_the_summary_states_holds(notebook_run):
