@@ -632,17 +632,10 @@ def render_teacher_and_judge(result: dict) -> list[str]:
         )
     rate = result.get("win_rate")
     if rate:
-        figure = (
-            f"{rate['win_rate']:.3f} ± {rate['standard_error']:.3f}, 95 % CI [{rate['ci95_low']:.3f}, "
-            f"{rate['ci95_high']:.3f}]"
-            if rate["judged"]
-            else "none (no verdict given)"
-        )
-        lines.append(
-            f"- judged win rate of SFT on the teacher's answers against the base model ({result.get('pairwise_verdicts')} "
-            f"verdicts): {figure}; {rate['judged']:.0f} judged, {rate['failed']:.0f} failed; the judge chose the "
-            f"answer it read first in {rate['chose_first']:.0%} of its decided verdicts"
-        )
+        from scripts.environments.llm_judge import describe_win_rate
+
+        names = ("SFT on the teacher's answers", "the base model")
+        lines.append(f"- judged with {result.get('pairwise_verdicts')} verdicts: {describe_win_rate(rate, *names)}")
     return lines
 
 

@@ -37,7 +37,10 @@ from __future__ import annotations
 import importlib
 from typing import Any, Protocol, runtime_checkable
 
-from common.contract import UserError
+try:
+    from common.contract import UserError
+except ImportError:  # imported as scripts.environments (the notebook side's summary, tests)
+    from scripts.common.contract import UserError
 
 
 @runtime_checkable

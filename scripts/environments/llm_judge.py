@@ -276,3 +276,26 @@ def win_rate(verdicts: Sequence[dict]) -> dict[str, float]:
         "ci95_low": max(0.0, rate - 1.96 * error),
         "ci95_high": min(1.0, rate + 1.96 * error),
     }
+
+
+# A judge that gives this share of its decided verdicts (or 1 minus it) to the answer it read first is
+# choosing by position: with the random order its rate is a coin toss per pair, not a comparison.
+POSITION_BIAS_LIMIT = 0.9
+
+
+def describe_win_rate(rate: dict, name_a: str = "A", name_b: str = "B") -> str:
+    """``win_rate``'s result in one sentence, and a warning when the judge chose by position."""
+    if not rate["judged"]:
+        return f"{name_a} vs {name_b}: no win rate, since the judge gave no verdict ({rate['failed']:.0f} failed)"
+    text = (
+        f"{name_a} vs {name_b}: win rate {rate['win_rate']:.3f} ± {rate['standard_error']:.3f}, 95 % CI "
+        f"[{rate['ci95_low']:.3f}, {rate['ci95_high']:.3f}]; {rate['judged']:.0f} judged, {rate['failed']:.0f} "
+        f"failed; the judge chose the answer it read first in {rate['chose_first']:.0%} of its decided verdicts"
+    )
+    bias = rate["chose_first"]
+    if not math.isnan(bias) and max(bias, 1 - bias) >= POSITION_BIAS_LIMIT:
+        text += (
+            ". That judge chose by position, not by the answers: this rate is the random order's, "
+            "and says nothing about the two models"
+        )
+    return text

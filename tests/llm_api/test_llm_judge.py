@@ -9,7 +9,7 @@ import pytest
 from common.advantages import group_advantages, group_advantages_excluding
 from common.llm_client import LLMClient, ParseError
 from environments import Environment, make_environment
-from environments.llm_judge import LLMJudgeEnvironment, PairwiseJudge, parse_choice, win_rate
+from environments.llm_judge import LLMJudgeEnvironment, PairwiseJudge, describe_win_rate, parse_choice, win_rate
 from fault_proxy import FaultProxy
 from hypothesis import given
 from hypothesis import strategies as st
@@ -145,6 +145,17 @@ def test_win_rate_reports_the_judges_position_bias():
     ]
     assert win_rate(verdicts)["chose_first"] == pytest.approx(3 / 4)
     assert math.isnan(win_rate([{"winner": None, "a_first": True}])["chose_first"])
+
+
+def test_a_judge_that_chooses_by_position_is_named_as_such():
+    reading = [{"winner": w, "a_first": f} for w, f in [("a", True), ("a", False), ("b", True), ("b", False)]]
+    by_position = [{"winner": "a" if f else "b", "a_first": f} for f in (True, False, True, False, True)]
+    assert "chose by position" not in describe_win_rate(win_rate(reading))
+    assert "read first in 50%" in describe_win_rate(win_rate(reading))
+    text = describe_win_rate(win_rate(by_position), "trained", "base")
+    assert text.startswith("trained vs base: win rate 0.600") and "read first in 100%" in text
+    assert "chose by position, not by the answers" in text
+    assert "no win rate" in describe_win_rate(win_rate([{"winner": None, "a_first": True}]))
 
 
 def test_win_rate_counts_ties_half_and_failures_apart():

@@ -530,11 +530,11 @@ def test_the_summary_gives_the_judged_win_rate_with_its_interval_or_says_there_i
     }
     lines = "\n".join(run_notebooks.render_teacher_and_judge(result))
     assert "SFT on the synthetic answers: held-out accuracy 0.250 ± 0.108 (16 problems, greedy)" in lines
-    assert "(one token verdicts): 0.750 ± 0.250, 95 % CI [0.260, 1.000]; 4 judged, 0 failed" in lines
-    assert "answer it read first in 50% of its decided verdicts" in lines
+    assert "one token verdicts: SFT on the teacher's answers vs the base model: win rate 0.750 ± 0.250" in lines
+    assert "95 % CI [0.260, 1.000]; 4 judged, 0 failed" in lines and "read first in 50%" in lines
     nothing = {**rate, "judged": 0.0, "failed": 4.0, "win_rate": math.nan, "chose_first": math.nan}
     none = run_notebooks.render_teacher_and_judge({**result, "win_rate": nothing})
-    assert "none (no verdict given); 0 judged, 4 failed" in "\n".join(none)
+    assert "no win rate, since the judge gave no verdict (4 failed)" in "\n".join(none)
     assert run_notebooks.render_teacher_and_judge({}) == []
 
 
