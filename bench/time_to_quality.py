@@ -580,6 +580,7 @@ def measure(
     seeds: int,
     max_steps: int | None = None,
     concurrent: bool = False,
+    first_seed: int = 0,
     timeout: float = 7200,
     log=lambda text: print(text, flush=True),  # each side's line as it finishes, also into a redirected log
 ) -> list[Row]:
@@ -593,12 +594,12 @@ def measure(
     profile = {**profile, "max_steps": cap}
     problems(profile)  # written once here, before runs that may start side by side read them
     runs = {side: [] for side in sides}
-    for seed in range(seeds):
+    for seed in range(first_seed, first_seed + seeds):
         order = sides if seed % 2 == 0 else list(reversed(sides))
         with ThreadPoolExecutor(max_workers=len(order) if concurrent else 1) as pool:
             futures = {side: pool.submit(run_in_subprocess, side, model, seed, cap, timeout) for side in order}
             for side in order:
-                result = futures[side].result()
+                result = {**futures[side].result(), "seed": seed}
                 runs[side].append(result)
                 reached = result["reached_at"]
                 log(
@@ -619,7 +620,10 @@ def main(argv: list[str] | None = None) -> list[Row] | None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="smollm2", choices=sorted(PROFILES))
     parser.add_argument("--sides", nargs="+", default=list(SIDES), choices=SIDES)
-    parser.add_argument("--seeds", type=int, default=1, help="runs per side, seeds 0..N-1 (default: %(default)s)")
+    parser.add_argument("--seeds", type=int, default=1, help="runs per side (default: %(default)s)")
+    parser.add_argument(
+        "--first-seed", type=int, default=0, help="seeds FIRST..FIRST+N-1, to add seeds to an earlier run (default: 0)"
+    )
     parser.add_argument("--max-steps", type=int, default=None, help="the step cap (default: the profile's)")
     parser.add_argument(
         "--concurrent", action="store_true", help="run a seed's sides at once: checks the code, times not comparable"
@@ -632,7 +636,7 @@ def main(argv: list[str] | None = None) -> list[Row] | None:
         print("\n" + RESULT_MARK + json.dumps(worker(side, model, int(seed), int(steps))), flush=True)
         return None
     load_before = Path("/proc/loadavg").read_text().split()[:3] if Path("/proc/loadavg").exists() else []
-    rows = measure(args.sides, args.model, args.seeds, args.max_steps, args.concurrent)
+    rows = measure(args.sides, args.model, args.seeds, args.max_steps, args.concurrent, args.first_seed)
     load_after = Path("/proc/loadavg").read_text().split()[:3] if Path("/proc/loadavg").exists() else []
     profile = PROFILES[args.model]
     text = (
@@ -641,7 +645,7 @@ def main(argv: list[str] | None = None) -> list[Row] | None:
         f"{' '.join(load_after)}\n\n"
         f"Target: held-out accuracy >= {profile['target']} on {profile['held_out']} problems (greedy, "
         f"{profile['eval_max_new_tokens']} tokens), evaluated every {profile['eval_every']} steps, cap "
-        f"{args.max_steps or profile['max_steps']} steps; {args.seeds} seed(s)"
+        f"{args.max_steps or profile['max_steps']} steps; {args.seeds} seed(s) from seed {args.first_seed}"
         f"{' (sides run at once: times not comparable)' if args.concurrent else ''}. ratio = side / TRL.\n\n"
         + format_table(rows, "Time to target")
     )

@@ -30,6 +30,8 @@ def test_time_to_quality_every_side_on_tiny_shapes(tmp_path, tiny_model_path):
             "--max-steps",
             "2",
             "--concurrent",
+            "--first-seed",
+            "1",
             "--out",
             str(out),
         ],
@@ -50,6 +52,7 @@ def test_time_to_quality_every_side_on_tiny_shapes(tmp_path, tiny_model_path):
     ]
     for row in rows:
         (run,) = row["extra"]["runs"]
+        assert run["seed"] == 1
         # evaluated before step 1 and after each of the 2 steps (the tiny profile evaluates every step)
         assert [point["step"] for point in run["curve"]] == [0, 1, 2]
         assert all(0.0 <= point["accuracy"] <= 1.0 for point in run["curve"])
