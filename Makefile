@@ -3,6 +3,7 @@
 PYTHON ?= python3
 VENV := .venv
 SESSIONS_VENV := .venv-sessions
+PEER_VENV := .venv-bench-peer
 SDK_V3_KERNEL := $(VENV)/share/jupyter/kernels/sagemaker-sdk-v3/kernel.json
 PY := $(VENV)/bin/python
 MODEL ?= tiny
@@ -10,7 +11,14 @@ OUT ?= outputs/$(if $(filter tiny,$(MODEL)),main,main-$(MODEL))
 
 .PHONY: main test environments lint bench clean-env
 
-$(VENV)/.stamp: requirements.txt
+# Before any environment is built: room on the disk for those not built yet (helpers/disk_space.py).
+# Order-only, so the check runs once, before the parallel pip installs, and never rebuilds a stamp.
+ENVIRONMENTS = $(VENV) $(SESSIONS_VENV) $(IMAGE_VENV)
+.PHONY: disk-space
+disk-space:
+	@$(PYTHON) -m helpers.disk_space $(ENVIRONMENTS) $(if $(filter bench,$(MAKECMDGOALS)),$(PEER_VENV))
+
+$(VENV)/.stamp: requirements.txt | disk-space
 	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "Python 3.11+ is needed, found " + sys.version.split()[0]'
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --disable-pip-version-check -r requirements.txt
@@ -34,7 +42,7 @@ $(VENV)/.smollm2-stamp: $(VENV)/.stamp
 IMAGE_VENV := .venv-image
 IMAGE_PY := $(IMAGE_VENV)/bin/python
 
-$(IMAGE_VENV)/.stamp: requirements-image.txt
+$(IMAGE_VENV)/.stamp: requirements-image.txt | disk-space
 	@test -x $(IMAGE_PY) || $(PYTHON) -m venv $(IMAGE_VENV)
 	$(IMAGE_PY) -m pip install -q --disable-pip-version-check -r requirements-image.txt
 	$(IMAGE_PY) -m pip check
@@ -98,8 +106,7 @@ bench: $(VENV)/.stamp $(VENV)/.smollm2-stamp $(SESSIONS_VENV)/.stamp $(PEER_VENV
 
 # The benchmark-only environment: SkyRL's Tinker API server and the tinker SDK (requirements-bench-peer.txt),
 # kept apart from the others (its transformers, peft and JAX are its own).
-PEER_VENV := .venv-bench-peer
-$(PEER_VENV)/.stamp: requirements-bench-peer.txt
+$(PEER_VENV)/.stamp: requirements-bench-peer.txt | disk-space
 	@test -x $(PEER_VENV)/bin/python || $(PYTHON) -m venv $(PEER_VENV)
 	$(PEER_VENV)/bin/python -m pip install -q --disable-pip-version-check -r requirements-bench-peer.txt
 	@touch $@
@@ -109,7 +116,7 @@ clean-env:
 
 # The training-session environment: SageMaker SDK v3 (sagemaker-train) cannot share a virtual
 # environment with SDK v2 (both own sagemaker/__init__.py), so it gets its own.
-$(SESSIONS_VENV)/.stamp: requirements-sessions.txt
+$(SESSIONS_VENV)/.stamp: requirements-sessions.txt | disk-space
 	@test -x $(SESSIONS_VENV)/bin/python || $(PYTHON) -m venv $(SESSIONS_VENV)
 	$(SESSIONS_VENV)/bin/python -m pip install -q --disable-pip-version-check -r requirements-sessions.txt
 	$(SESSIONS_VENV)/bin/python -m pip check

@@ -71,3 +71,36 @@ def test_the_image_environment_pins_the_container_floors():
     assert pins["torch"] == next(
         str(r.specifier) for r in _requirements(REPO / "requirements.txt") if r.name == "torch"
     )
+
+
+def test_a_disk_too_small_for_the_environments_is_said_before_pip_starts(tmp_path):
+    from helpers import disk_space
+
+    built, missing = tmp_path / ".venv", tmp_path / ".venv-image"
+    built.mkdir()
+    (built / ".stamp").touch()
+    assert disk_space.missing_environments([".venv", ".venv-image"], tmp_path) == [".venv-image"]
+    need = disk_space.ENVIRONMENT_GIB[".venv-image"] + disk_space.RUN_GIB
+    assert disk_space.shortage([".venv-image"], int((need + 0.1) * disk_space.GIB)) is None
+    message = disk_space.shortage([".venv-image"], int(0.3 * disk_space.GIB))
+    assert f"{need:.1f} GiB needed" in message and "0.3 GiB free" in message
+    assert "pip cache purge" in message and "run the same command again" in message
+    assert disk_space.shortage([], 0) is None  # everything built: no room needed
+    assert not missing.exists()
+
+
+def test_every_environment_the_makefile_builds_has_a_size_and_is_checked_first():
+    import subprocess
+
+    from helpers import disk_space
+
+    makefile = (REPO / "Makefile").read_text()
+    venvs = set(re.findall(r"^\w*VENV := (\S+)$", makefile, re.M))
+    assert venvs == set(disk_space.ENVIRONMENT_GIB)
+    # A dry run of a fresh machine's build: the check comes before the first pip install.
+    dry = subprocess.run(["make", "-n", "-B", "environments", "bench"], cwd=REPO, capture_output=True, text=True)
+    assert dry.returncode == 0, dry.stderr
+    lines = dry.stdout.splitlines()
+    check = next(i for i, line in enumerate(lines) if "helpers.disk_space" in line)
+    assert check < next(i for i, line in enumerate(lines) if "pip install" in line)
+    assert all(venv in lines[check] for venv in venvs)
