@@ -161,7 +161,7 @@ def sampling_rows(quick: bool) -> list[Row]:
     from bench import training_sessions_sampling
 
     models = ["tiny"] if quick else ["tiny", "smollm2"]  # smollm2 is skipped when its wheel is not installed
-    return training_sessions_sampling.measure(models, rounds=1 if quick else 2)
+    return training_sessions_sampling.measure(models, rounds=1 if quick else 2, long_tail_rounds=1)
 
 
 def time_to_quality_rows(quick: bool) -> list[Row]:

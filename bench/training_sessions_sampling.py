@@ -14,7 +14,12 @@ figures are sampling and not HTTP), for each model:
   * **LoRA unmerged vs merged**: at 1 and 16 in flight, sampling through the adapter (peft's LoRA
     layers) against a copy of the model with the adapter merged into its weights
     (``merge_and_unload``, what the engine does once per saved sampler: ``Engine.sampling_model``),
-    with the merge's own time beside it.
+    with the merge's own time beside it;
+  * **long tail**: notebook 9's held-out evaluation in one pass: 16 functions to complete x 4
+    samples at temperature 1, up to the service's 512 tokens, each ending at its program's closing
+    fence. Most answers end within 100 tokens, and a few ramble to the limit. The pass as it is
+    (``generate`` every ``PRUNE_EVERY`` tokens on the rows still going) against one ``generate`` to
+    the longest answer (every row computed at every step), with the same seeds, hence the same samples.
 Completion tokens per second (the stop token counted, padding not). Every figure is the median
 of ``rounds`` runs, with the runs' min-max spread and the load average (1 min) over them, since
 the machine is shared. One torch thread, as the other CPU benchmarks.
@@ -40,6 +45,7 @@ from bench.fixtures import SCRIPTS_DIR, data_dir
 from bench.tables import Row, format_table, peak_rss_mib
 
 SAMPLES, MAX_TOKENS, RANK = 4, 32, 8
+LONG_TAIL_PROBLEMS, LONG_TAIL_MAX_TOKENS, LONG_TAIL_STOP = 16, 512, "\n```\n"
 IN_FLIGHT = (1, 4, 16)
 MERGE_IN_FLIGHT = (1, 16)
 
@@ -127,6 +133,38 @@ def merged(model, engine, requests) -> int:
     return sum(len(s.tokens) for samples in answers for s in samples)
 
 
+def long_tail(model, engine, prune_every: int) -> tuple[float, float, list[int]]:
+    """(tokens/s, seconds, answer lengths) of notebook 9's held-out pass, one pass of 64 rows."""
+    from common import generation
+    from environments.code import CodeEnvironment
+
+    from session_loops import data
+
+    env = CodeEnvironment()
+    problems = data.offline_function_problems(LONG_TAIL_PROBLEMS, seed=10_000)
+    batch = [
+        generation.SampleRequest(
+            generation.prompt_token_ids(engine.tokenizer, env.prompt_messages(problem)),
+            SAMPLES,
+            LONG_TAIL_MAX_TOKENS,
+            1.0,
+            seed=12345 + index,
+            stop=[LONG_TAIL_STOP],
+        )
+        for index, problem in enumerate(problems)
+    ]
+    saved, generation.PRUNE_EVERY = generation.PRUNE_EVERY, prune_every
+    try:
+        started = time.perf_counter()
+        with torch.no_grad():
+            answers = generation.sample_requests(model, engine.tokenizer, batch, engine.stop_ids)
+        seconds = time.perf_counter() - started
+    finally:
+        generation.PRUNE_EVERY = saved
+    lengths = [len(s.tokens) for samples in answers for s in samples]
+    return sum(lengths) / seconds, seconds, lengths
+
+
 def timed(run, *args) -> tuple[float, float]:
     """(tokens/s, load average over the run)."""
     load = os.getloadavg()[0]
@@ -139,7 +177,7 @@ def figure(rates: list[float]) -> tuple[float, str]:
     return statistics.median(rates), f"{min(rates):.3g}-{max(rates):.3g}"
 
 
-def measure(models: list[str], rounds: int = 3, log=print) -> list[Row]:
+def measure(models: list[str], rounds: int = 3, long_tail_rounds: int = 1, log=print) -> list[Row]:
     torch.set_num_threads(1)
     rows = []
     for name in models:
@@ -214,6 +252,41 @@ def measure(models: list[str], rounds: int = 3, log=print) -> list[Row]:
                     f"{min(loads):.1f}-{max(loads):.1f}; the merge itself took {merge_seconds:.2f} s",
                 )
             )
+        if long_tail_rounds:
+            from common import generation
+
+            pruned_every = generation.PRUNE_EVERY
+            results = {"pruned": [], "whole": []}
+            for round_index in range(long_tail_rounds):
+                for way, every in (("pruned", pruned_every), ("whole", LONG_TAIL_MAX_TOKENS)):
+                    load = os.getloadavg()[0]
+                    rate, seconds, lengths = long_tail(model, engine, every)
+                    results[way].append((rate, seconds, lengths, (load + os.getloadavg()[0]) / 2))
+                    log(
+                        f"  long tail {name}, {way}, round {round_index + 1}: {rate:.1f} tokens/s, {seconds:.1f} s "
+                        f"(load {results[way][-1][3]:.1f})"
+                    )
+            lengths = results["pruned"][0][2]
+            assert all(r[2] == lengths for way in results for r in results[way]), "the seeds gave other samples"
+            ours, spread = figure([r[0] for r in results["pruned"]])
+            baseline, baseline_spread = figure([r[0] for r in results["whole"]])
+            loads = [r[3] for way in results for r in results[way]]
+            rows.append(
+                Row(
+                    "sessions: sampling, long tail",
+                    f"{name}, {LONG_TAIL_PROBLEMS} functions x {SAMPLES} samples, <= {LONG_TAIL_MAX_TOKENS} tokens, "
+                    f"finished rows dropped every {pruned_every}",
+                    ours,
+                    "tokens/s",
+                    baseline,
+                    "one generate to the longest",
+                    notes=f"median of {long_tail_rounds}; spread {spread} vs {baseline_spread}; seconds "
+                    f"{statistics.median(r[1] for r in results['pruned']):.1f} vs "
+                    f"{statistics.median(r[1] for r in results['whole']):.1f}; answers: median "
+                    f"{statistics.median(lengths):.0f} tokens, {sum(n >= LONG_TAIL_MAX_TOKENS for n in lengths)} of "
+                    f"{len(lengths)} at the limit; load {min(loads):.1f}-{max(loads):.1f}",
+                )
+            )
         del model, engine
     return rows
 
@@ -222,8 +295,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--models", nargs="+", default=["tiny", "smollm2"], choices=["tiny", "smollm2"])
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument(
+        "--long-tail-rounds", type=int, default=1, help="rounds of the long-tail pass (0: skip; SmolLM2: ~6 min)"
+    )
     args = parser.parse_args()
-    print(format_table(measure(args.models, args.rounds), "Training sessions: sampling in flight (CPU)"))
+    rows = measure(args.models, args.rounds, args.long_tail_rounds)
+    print(format_table(rows, "Training sessions: sampling in flight (CPU)"))
 
 
 if __name__ == "__main__":

@@ -173,9 +173,9 @@ SMOLLM2_PARAMETERS = {
     },
     # GRPO on a training session (LoRA) on the easy GSM8K-format problems notebook 6 evaluates, from the
     # base model as notebook 3 starts in this profile. The service samples at least 512 tokens, and a
-    # batched pass lasts as long as its longest answer: the first line is the answer (the checker reads
-    # its last number), which keeps a step under a minute on 2 cores. Held out: greedy, the same 32
-    # problems before and after.
+    # batched pass lasts as long as its longest answer (finished answers leave it every 32 tokens, the
+    # rest go on): the first line is the answer (the checker reads its last number), which keeps a step
+    # under a minute on 2 cores. Held out: greedy, the same 32 problems before and after.
     "08": {
         "base_model": "local/smollm2-135m-instruct",
         "lora_rank": 16,

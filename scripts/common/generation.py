@@ -9,16 +9,17 @@ the model card's generation config.
 
   * ``HFGenerator`` (the job scripts): one group of settings for the whole batch, drawn from
     torch's global generator, which the script seeds once per learner.
-  * ``sample_requests`` (the session service): requests with their own settings, token limits,
-    stop strings and seeds in one batch. Each request draws from its own ``torch.Generator``, so
-    its samples are the same alone, batched with others, or beside another session's sampling.
+  * ``sample_requests`` (the session service, and ``evaluate.py``): requests with their own
+    settings, token limits, stop strings and seeds in one batch. Each sample draws from its own
+    ``torch.Generator``, so it is the same alone, batched with others, or beside another session's
+    sampling; finished samples leave the batch every ``PRUNE_EVERY`` tokens.
 """
 
 from __future__ import annotations
 
 import contextlib
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 import torch
 from transformers import (
@@ -30,6 +31,7 @@ from transformers import (
     TopKLogitsWarper,
     TopPLogitsWarper,
 )
+from transformers.generation.utils import GenerateDecoderOnlyOutput
 
 from common import distributed
 from common.data import pad_rows, prompt_token_ids  # noqa: F401 - prompt_token_ids: the scripts' generation.prompt_token_ids
@@ -194,27 +196,49 @@ class Sample:
     stop_reason: str  # "stop" or "length"
 
 
+@dataclass
+class SampleRow:
+    """One sample being drawn: its request, its own generator, and what it has drawn so far."""
+
+    request: SampleRequest
+    generator: torch.Generator
+    tokens: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    text: str = ""  # decoded as drawn, for the request's stop strings
+    finished: bool = False
+
+    @property
+    def warpers(self) -> list | None:
+        """transformers' warpers for the request's temperature, top-k and top-p; None: greedy."""
+        request = self.request
+        if request.temperature == 0:
+            return None
+        warpers = [TemperatureLogitsWarper(request.temperature)]
+        if request.top_k > 0:
+            warpers.append(TopKLogitsWarper(request.top_k))
+        if request.top_p < 1.0:
+            warpers.append(TopPLogitsWarper(request.top_p))
+        return warpers
+
+
+def sample_rows(request: SampleRequest) -> list[SampleRow]:
+    """A request's rows, each with its own generator: the request's seed seeds a generator that draws
+    one seed per row, so a row's tokens never depend on how long its request's other rows run."""
+    seeds = torch.randint(0, 2**62, (request.num_samples,), generator=request_generator(request.seed))
+    return [SampleRow(request, request_generator(int(seed))) for seed in seeds]
+
+
 class PerRequestSampling(LogitsProcessor):
     """The sampling step of ``generate``, row by row: each row's logits go through its request's
     temperature, top-k and top-p (transformers' own warpers) and the next token is drawn with
-    ``torch.multinomial`` from the request's ``torch.Generator``. The logits handed back put all
+    ``torch.multinomial`` from the row's own ``torch.Generator``. The logits handed back put all
     mass on the drawn token, so ``generate`` runs greedy and keeps it.
 
-    Every row draws once at every step, finished or not, in a fixed order within its request: a
-    request's k-th token always comes from the same draws of its generator, whatever else is in the
-    batch and however long the others run."""
+    Every row draws from its own generator only, once per token: a sample's k-th token always comes
+    from the same draws, whatever else is in the batch and however long the others run."""
 
-    def __init__(self, requests: list[SampleRequest], generators: list[torch.Generator]):
-        self.rows = []  # (warpers or None for greedy, generator), one per sample row
-        for request, generator in zip(requests, generators, strict=True):
-            warpers = None
-            if request.temperature > 0:
-                warpers = [TemperatureLogitsWarper(request.temperature)]
-                if request.top_k > 0:
-                    warpers.append(TopKLogitsWarper(request.top_k))
-                if request.top_p < 1.0:
-                    warpers.append(TopPLogitsWarper(request.top_p))
-            self.rows += [(warpers, generator)] * request.num_samples
+    def __init__(self, rows: list[SampleRow]):
+        self.rows = [(row.warpers, row.generator) for row in rows]
         self.logprobs: list[torch.Tensor] = []  # per step, the drawn tokens' log-probs, one per row
 
     def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
@@ -237,22 +261,28 @@ class PerRequestSampling(LogitsProcessor):
 
 
 class PerRequestLimits(StoppingCriteria):
-    """A row is done after its request's ``max_new_tokens``, or once its text holds one of the
-    request's stop strings (end-of-sequence ids are the generation config's)."""
+    """A row is done at one of ``stop_ids``, after its request's ``max_new_tokens``, or once its text
+    holds one of the request's stop strings. It marks the row ``finished``, which outlives the call:
+    a pass runs in several ``generate`` calls."""
 
-    def __init__(self, requests: list[SampleRequest], prompt_columns: int, tokenizer):
-        self.limits = [(r.max_new_tokens, r.stop) for r in requests for _ in range(r.num_samples)]
-        self.prompt_columns, self.tokenizer = prompt_columns, tokenizer
-        self.texts = [""] * len(self.limits)
+    def __init__(self, rows: list[SampleRow], prompt_columns: int, stop_ids: list[int], tokenizer):
+        self.rows, self.prompt_columns, self.tokenizer = rows, prompt_columns, tokenizer
+        self.stop_ids = set(stop_ids)
 
     def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor, **kwargs) -> torch.BoolTensor:
-        generated = input_ids.size(1) - self.prompt_columns
-        done = []
-        for row, (limit, stop) in enumerate(self.limits):
-            if stop:
-                self.texts[row] += self.tokenizer.decode([int(input_ids[row, -1])])
-            done.append(generated >= limit or any(s in self.texts[row] for s in stop))
-        return torch.tensor(done, device=input_ids.device)
+        generated = input_ids.size(1) - self.prompt_columns  # by every row in this call
+        for index, row in enumerate(self.rows):
+            if row.finished:
+                continue
+            token = int(input_ids[index, -1])
+            if row.request.stop:
+                row.text += self.tokenizer.decode([token])
+            row.finished = (
+                token in self.stop_ids
+                or len(row.tokens) + generated >= row.request.max_new_tokens
+                or any(s in row.text for s in row.request.stop)
+            )
+        return torch.tensor([row.finished for row in self.rows], device=input_ids.device)
 
 
 def request_generator(seed: int | None) -> torch.Generator:
@@ -264,38 +294,66 @@ def request_generator(seed: int | None) -> torch.Generator:
     return generator
 
 
+# A pass drops its finished rows every this many tokens. One ``generate`` runs every row until the
+# longest ends: a sample that rambles to its limit (512 tokens at the service's minimum) kept 63
+# finished rows in every step. Between calls, finished rows leave the batch and the KV cache
+# (``Cache.batch_select_indices``); the rest go on from the cache.
+PRUNE_EVERY = 32
+# The cache's name in generate's arguments and output: `cache` in transformers 5 (`past_key_values`,
+# deprecated there), `past_key_values` in 4.x (the training image's 4.56.2).
+CACHE_NAME = next(f.name for f in fields(GenerateDecoderOnlyOutput) if f.name in ("cache", "past_key_values"))
+
+
 @torch.no_grad()
 def sample_requests(model, tokenizer, requests: list[SampleRequest], stop_ids: list[int]) -> list[list[Sample]]:
-    """Every sample of every request in one batched ``generate`` (left-padded prompts, KV cache),
-    each request with its own settings and generator; a list of samples per request, in order.
+    """Every sample of every request in one batched pass (left-padded prompts, KV cache), each
+    request with its own settings and each sample with its own generator; a list of samples per
+    request, in order. The pass is ``generate`` called every ``PRUNE_EVERY`` tokens on the rows not
+    finished yet, from the cache the previous call left.
 
     A sample ends at the first of ``stop_ids`` (kept), at the end of the first of its stop strings
     (the token that completes it kept), or after its ``max_new_tokens``."""
-    rows = [request.prompt for request in requests for _ in range(request.num_samples)]
-    input_ids, attention_mask = pad_rows(rows, tokenizer.pad_token_id or 0, left=True, device=model.device)
-    sampling = PerRequestSampling(requests, [request_generator(r.seed) for r in requests])
-    config = generation_config(
-        max_new_tokens=max(r.max_new_tokens for r in requests),
-        stop_ids=stop_ids,
-        pad_token_id=tokenizer.pad_token_id,
-        greedy=True,  # the choice is PerRequestSampling's: generate keeps the token it forced
+    rows = [row for request in requests for row in sample_rows(request)]
+    input_ids, attention_mask = pad_rows(
+        [row.request.prompt for row in rows], tokenizer.pad_token_id or 0, left=True, device=model.device
     )
-    with sampling_settings(model, config):
-        output = model.generate(
-            input_ids=input_ids,
-            attention_mask=attention_mask,
-            logits_processor=[sampling],
-            stopping_criteria=StoppingCriteriaList([PerRequestLimits(requests, input_ids.size(1), tokenizer)]),
+    alive, cache = rows, None
+    while alive:
+        sampling = PerRequestSampling(alive)
+        limits = PerRequestLimits(alive, input_ids.size(1), stop_ids, tokenizer)
+        longest = max(row.request.max_new_tokens - len(row.tokens) for row in alive)
+        config = generation_config(
+            max_new_tokens=min(PRUNE_EVERY, longest),
+            stop_ids=stop_ids,
+            pad_token_id=tokenizer.pad_token_id,
+            greedy=True,  # the choice is PerRequestSampling's: generate keeps the token it forced
         )
-    new = output[:, input_ids.size(1) :].tolist()
-    logprobs = torch.stack(sampling.logprobs, dim=1).tolist()
-    answers, row = [], 0
+        with sampling_settings(model, config):
+            output = model.generate(
+                input_ids=input_ids,
+                attention_mask=attention_mask,
+                logits_processor=[sampling],
+                stopping_criteria=StoppingCriteriaList([limits]),
+                return_dict_in_generate=True,
+                **{CACHE_NAME: cache},
+            )
+        new = output.sequences[:, input_ids.size(1) :]
+        for row, tokens, logprobs in zip(alive, new.tolist(), torch.stack(sampling.logprobs, 1).tolist(), strict=True):
+            row.tokens += tokens
+            row.logprobs += logprobs
+        keep = [index for index, row in enumerate(alive) if not row.finished]
+        if not keep:
+            break
+        # The rows going on: their sequences, their attention mask grown by the tokens just drawn
+        # (all real: a row still going drew no padding), and their rows of the cache.
+        cache = getattr(output, CACHE_NAME)
+        cache.batch_select_indices(torch.tensor(keep, device=new.device))
+        attention_mask = torch.cat([attention_mask, torch.ones_like(new)], 1)[keep]
+        input_ids = output.sequences[keep]
+        alive = [alive[index] for index in keep]
+    answers, row = [], iter(rows)
     for request in requests:
-        samples = []
-        for _ in range(request.num_samples):
-            samples.append(_trimmed(new[row], logprobs[row], request, stop_ids, tokenizer))
-            row += 1
-        answers.append(samples)
+        answers.append([_trimmed(next(row), request, stop_ids, tokenizer) for _ in range(request.num_samples)])
     return answers
 
 
@@ -314,10 +372,10 @@ def end_of_sample(ids: list[int], stop_ids, stop_strings: list[str], tokenizer) 
     return end
 
 
-def _trimmed(ids: list[int], logprobs: list[float], request: SampleRequest, stop_ids, tokenizer) -> Sample:
-    """A row of the batch cut where its own request ends it (the rest is padding or other rows' steps)."""
-    ids = ids[: request.max_new_tokens]
+def _trimmed(row: SampleRow, request: SampleRequest, stop_ids, tokenizer) -> Sample:
+    """A row cut where its own request ends it (what follows is padding drawn in the row's last call)."""
+    ids = row.tokens[: request.max_new_tokens]
     end = end_of_sample(ids, stop_ids, request.stop, tokenizer)
     reason = "stop" if end is not None else "length"
     ids = ids if end is None else ids[:end]
-    return Sample(ids, logprobs[: len(ids)], reason)
+    return Sample(ids, row.logprobs[: len(ids)], reason)

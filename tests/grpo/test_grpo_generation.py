@@ -134,3 +134,38 @@ def test_a_stop_string_ends_the_sample_where_padding_is_the_end_of_turn_token(ti
             logprobs = torch.log_softmax(model(ids).logits[0].float(), -1)
         expected = [logprobs[3 + i, t].item() for i, t in enumerate(sample.tokens)]
         torch.testing.assert_close(torch.tensor(sample.logprobs), torch.tensor(expected), rtol=1e-4, atol=1e-4)
+
+
+def test_a_pass_drops_its_finished_rows_and_samples_the_same(tiny_model_path, monkeypatch):
+    """``sample_requests`` calls ``generate`` every ``PRUNE_EVERY`` tokens on the rows still going, from
+    the cache the previous call left: the batch shrinks as rows finish, and every sample (tokens and
+    log-probs) is the one a single uninterrupted ``generate`` draws."""
+    model, tokenizer = load(tiny_model_path)
+    stop_ids = generation.default_stop_ids(model, tokenizer)
+    requests = [
+        generation.SampleRequest([5, 6, 7, 8], num_samples=3, max_new_tokens=5, seed=1),
+        generation.SampleRequest([9] * 7, num_samples=2, max_new_tokens=23, temperature=0.8, top_k=20, seed=2),
+        generation.SampleRequest([3, 4], num_samples=1, max_new_tokens=14, temperature=0.0),
+    ]
+    batch_sizes = []
+    generate = model.generate
+
+    def counted(**kwargs):
+        batch_sizes.append(kwargs["input_ids"].size(0))
+        return generate(**kwargs)
+
+    monkeypatch.setattr(model, "generate", counted)
+    monkeypatch.setattr(generation, "PRUNE_EVERY", 4)
+    pruned = generation.sample_requests(model, tokenizer, requests, stop_ids)
+    assert batch_sizes[0] == 6 and batch_sizes[-1] < 6 and batch_sizes == sorted(batch_sizes, reverse=True)
+    assert len(batch_sizes) == 6  # ceil(23 / 4) calls: the longest request's limit, 4 tokens a call
+    monkeypatch.setattr(generation, "PRUNE_EVERY", 1_000)
+    whole = generation.sample_requests(model, tokenizer, requests, stop_ids)
+    assert len(batch_sizes) == 7 and batch_sizes[-1] == 6  # one call, every row to the end
+    for ours, theirs in zip(pruned, whole, strict=True):
+        assert [s.tokens for s in ours] == [s.tokens for s in theirs]
+        assert [s.stop_reason for s in ours] == [s.stop_reason for s in theirs]
+        for a, b in zip(ours, theirs, strict=True):
+            torch.testing.assert_close(torch.tensor(a.logprobs), torch.tensor(b.logprobs), rtol=1e-4, atol=1e-4)
+    assert [len(s.tokens) for s in pruned[0]] == [5, 5, 5] or any(s.stop_reason == "stop" for s in pruned[0])
+    assert all(len(s.tokens) <= 23 for s in pruned[1]) and len(pruned[2][0].tokens) <= 14

@@ -426,9 +426,10 @@ class SamplingQueue:
 
     A loop sends a step's groups at once, one request per problem. Each caller waits on its own
     future; one worker thread at a time takes every request waiting for the same weights (up to
-    ``MAX_SAMPLE_ROWS`` samples), runs them as one batched ``generate`` (``common.generation.
-    sample_requests``: each request keeps its own settings and seed), and answers each. Requests that
-    arrive while a pass runs, or while the model runs a training operation, join the next pass."""
+    ``MAX_SAMPLE_ROWS`` samples), runs them as one batched pass (``common.generation.sample_requests``:
+    each request keeps its own settings and seed, and finished samples leave the batch as the others go
+    on), and answers each. Requests that arrive while a pass runs, or while the model runs a training
+    operation, join the next pass."""
 
     def __init__(self, engine: Engine):
         self.engine = engine
