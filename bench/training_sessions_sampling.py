@@ -205,7 +205,7 @@ def measure(models: list[str], rounds: int = 3, long_tail_rounds: int = 1, log=p
                     f"  sampling {name}, {count} in flight, round {round_index + 1}: batched {rate:.1f}, "
                     f"one at a time {rates[count]['one'][-1]:.1f} tokens/s (load {load:.1f})"
                 )
-        for count in IN_FLIGHT:
+        for count in IN_FLIGHT if rounds else ():  # --rounds 0: the long tail only
             ours, spread = figure(rates[count]["batched"])
             baseline, baseline_spread = figure(rates[count]["one"])
             rows.append(
@@ -224,7 +224,7 @@ def measure(models: list[str], rounds: int = 3, long_tail_rounds: int = 1, log=p
         started = time.perf_counter()
         model = merged_copy(engine)
         merge_seconds = time.perf_counter() - started
-        for count in MERGE_IN_FLIGHT:
+        for count in MERGE_IN_FLIGHT if rounds else ():
             rates, loads = {"unmerged": [], "merged": []}, []
             for round_index in range(rounds):
                 for way in ("unmerged", "merged"):
