@@ -192,10 +192,11 @@ SMOLLM2_PARAMETERS = {
         "held_out_temperature": 0.0,
         "resume_from_step": 0,
     },
-    # Code RL on a training session (LoRA) on functions to complete, as HumanEval poses them: SmolLM2 solves
-    # some from the start. An answer ends at its program's closing fence. Held out: 40 problems (two of each
-    # kind), 4 answers each at temperature 1 with the same seeds before and after (greedy, SmolLM2 already
-    # passes 0.75 of them, and 12 steps left that at 0.68 +- 0.08: RL sharpened the sampled answers).
+    # Code RL on a training session (LoRA) on functions to complete, as HumanEval poses them: the data set
+    # notebook 4 trains on ("functions", staged by notebook 0), which SmolLM2 solves some of from the start.
+    # An answer ends at its program's closing fence. Held out: its 32 test problems (notebook 4's), 4 answers
+    # each at temperature 1 with the same seeds before and after (greedy, SmolLM2 already passed 0.75 of
+    # such problems in an earlier run, and RL left that at 0.68 +- 0.08: it sharpened the sampled answers).
     "09": {
         "base_model": "local/smollm2-135m-instruct",
         "lora_rank": 16,
@@ -207,7 +208,7 @@ SMOLLM2_PARAMETERS = {
         "learning_rate": 1e-3,
         "stop": ["\n```\n"],
         "judge_workers": 2,
-        "held_out_problems": 40,
+        "held_out_problems": 32,
         "held_out_samples": 4,
         "held_out_temperature": 1.0,
     },

@@ -48,7 +48,7 @@ def offline_function_problems(n: int, seed: int = 0) -> list[dict]:
 
 
 def staged_file(work_dir, name: str, split: str):
-    """The file notebook 0 staged for data set ``name`` (``gsm8k``, ``code``, ``preferences``, ``chat``)
+    """The file notebook 0 staged for data set ``name`` (``gsm8k``, ``code``, ``functions``, ``preferences``, ``chat``)
     and ``split`` (``train``, ``test``): ``<work_dir>/data/channels/<name>/<split>/<split>.jsonl``, the
     folder it also uploaded as the training jobs' channel."""
     from pathlib import Path
