@@ -382,7 +382,11 @@ def execute(notebook: Path, out: Path, work_dir: Path, model: str, cell_timeout:
             str(notebook),
             str(executed),
             parameters=ci_parameters(notebook, work_dir, model),
-            cwd=str(NOTEBOOK_DIR),
+            # The kernel starts in notebooks/, named to nbclient rather than through papermill's `cwd`:
+            # that one changes this whole process's working directory for the run and restores it after,
+            # so with two lanes in threads one lane's restore could start the other's next kernel in
+            # the repository root (where "../scripts/sft.py" is not found).
+            resources={"metadata": {"path": str(NOTEBOOK_DIR)}},
             kernel_name=training_sessions.kernel_name(notebook),
             progress_bar=False,
             log_output=False,
