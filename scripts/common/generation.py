@@ -351,10 +351,8 @@ def sample_requests(model, tokenizer, requests: list[SampleRequest], stop_ids: l
         attention_mask = torch.cat([attention_mask, torch.ones_like(new)], 1)[keep]
         input_ids = output.sequences[keep]
         alive = [alive[index] for index in keep]
-    answers, row = [], iter(rows)
-    for request in requests:
-        answers.append([_trimmed(next(row), request, stop_ids, tokenizer) for _ in range(request.num_samples)])
-    return answers
+    samples = iter(_trimmed(row, stop_ids, tokenizer) for row in rows)
+    return [[next(samples) for _ in range(request.num_samples)] for request in requests]
 
 
 def end_of_sample(ids: list[int], stop_ids, stop_strings: list[str], tokenizer) -> int | None:
@@ -372,10 +370,10 @@ def end_of_sample(ids: list[int], stop_ids, stop_strings: list[str], tokenizer) 
     return end
 
 
-def _trimmed(row: SampleRow, request: SampleRequest, stop_ids, tokenizer) -> Sample:
+def _trimmed(row: SampleRow, stop_ids, tokenizer) -> Sample:
     """A row cut where its own request ends it (what follows is padding drawn in the row's last call)."""
-    ids = row.tokens[: request.max_new_tokens]
-    end = end_of_sample(ids, stop_ids, request.stop, tokenizer)
+    ids = row.tokens[: row.request.max_new_tokens]
+    end = end_of_sample(ids, stop_ids, row.request.stop, tokenizer)
     reason = "stop" if end is not None else "length"
     ids = ids if end is None else ids[:end]
     return Sample(ids, row.logprobs[: len(ids)], reason)
