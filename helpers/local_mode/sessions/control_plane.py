@@ -110,6 +110,8 @@ class ControlPlane:
             live = self.live.pop(detail["TrainingSessionName"], None)
             if live is not None:
                 live.close()
+                del live
+                engine_module.return_freed_memory(collect=True)  # the session's model and optimizer
             detail["TrainingSessionStatus"] = status
             detail["EndTime"] = time.time()
             if error:

@@ -21,6 +21,9 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import ctypes
+import ctypes.util
+import gc
 import io
 import math
 import sys
@@ -193,6 +196,32 @@ def _set_peft_state(model, state: dict[str, torch.Tensor]) -> None:
 _MODEL_LOADING = threading.Lock()
 
 
+def _malloc_trim():
+    """glibc's ``malloc_trim``, or None where the C library has none (macOS, musl)."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim
+    except (OSError, AttributeError):
+        return None
+
+
+_MALLOC_TRIM = _malloc_trim()
+
+
+def return_freed_memory(collect: bool = False) -> None:
+    """Give the memory an operation freed back to the system. glibc keeps freed blocks in the arena of
+    the thread that used them, for that thread to reuse, and the server answers each request on a
+    thread of its own: a SmolLM2 session's activations, KV caches and merged samplers stayed in the
+    process after they were freed, and the idle server held 12 GB after the session notebooks ended
+    (docs/BENCHMARKS.md has the measurement). ``collect`` first frees what only reference cycles hold
+    (a model and its modules)."""
+    if collect:
+        gc.collect()
+    if _MALLOC_TRIM is not None:
+        _MALLOC_TRIM(0)
+
+
 class Engine:
     """Base model + LoRA adapter on every linear layer, AdamW, sampling. One operation at a time runs
     on the model (``lock``); sample requests wait in ``sampling`` and run in shared passes."""
@@ -258,6 +287,8 @@ class Engine:
                     {"logprobs": tensor_to_wire(lp), "loss": tensor_to_wire(datum_loss.reshape(1))}
                     for lp, datum_loss in zip(logprobs, losses, strict=True)
                 ]
+                del logprobs, losses, loss  # the pass's activations, before the memory goes back
+            return_freed_memory()
         tokens = sum(len(t) for t, _ in parsed)
         return {
             "lossFnOutputType": "TensorData",
@@ -365,6 +396,7 @@ class Engine:
             else:
                 if self.merged_sampler is None or self.merged_sampler[0] is not adapter:
                     self.merged_sampler = None  # the previous copy's memory goes before the next is built
+                    return_freed_memory(collect=True)
                     model = copy.deepcopy(self.model)
                     _set_peft_state(model, adapter)
                     self.merged_sampler = (adapter, model.merge_and_unload().eval())
@@ -484,6 +516,7 @@ class SamplingQueue:
             with engine.sampling_model(batch[0][1]) as model:
                 answers = sample_requests(model, engine.tokenizer, [r for r, _, _ in batch], engine.stop_ids)
             self.passes += 1
+            return_freed_memory()  # the pass's KV cache
         except Exception as error:  # noqa: BLE001 - each caller's operation reports it
             for _, _, future in batch:
                 future.set_exception(error)
