@@ -356,12 +356,19 @@ def run(out: Path, only: list[str] | None = None, cell_timeout: int | None = Non
     # every parallel step, for threads that another lane has taken off the cores (03's GRPO job ran
     # 7x slower beside 09 so). Local mode sizes each job's hosts from this.
     os.environ.setdefault("OMP_NUM_THREADS", str(max(1, hostlib.machine_threads() // max(1, len(side_by_side)))))
+    def run_side_by_side(lane: list[Path]) -> bool:
+        try:
+            return run_lane(lane)
+        finally:
+            if all(n.name[:2] in training_sessions.NOTEBOOKS for n in lane):
+                # The session notebooks' endpoint outlives their kernels, as the real service does; the
+                # run's own ends with their lane rather than holding its models while the jobs go on.
+                sessions.stop_service(out / "sagemaker-local")
+
     if run_lane([n for n in selected if n.name.startswith("00")]):
         with ThreadPoolExecutor(max_workers=max(1, len(side_by_side))) as pool:
-            list(pool.map(run_lane, side_by_side))
-    # The session notebooks' endpoint outlives their kernels, as the real service does; the run's own
-    # ends with the run rather than holding its models (1.5-2 GB) after it.
-    sessions.stop_service(out / "sagemaker-local")
+            list(pool.map(run_side_by_side, side_by_side))
+    sessions.stop_service(out / "sagemaker-local")  # a run whose notebook 00 failed may have started it
     results.sort(key=lambda entry: entry["notebook"])
     summary = build_summary(results, state_file, out)
     summary["seconds"] = round(time.monotonic() - started, 1)
