@@ -214,8 +214,8 @@ def return_freed_memory(collect: bool = False) -> None:
     the thread that used them, for that thread to reuse, and the server answers each request on a
     thread of its own: a SmolLM2 session's activations, KV caches and merged samplers stayed in the
     process after they were freed, and the idle server held 12 GB after the session notebooks ended
-    (docs/BENCHMARKS.md has the measurement). ``collect`` first frees what only reference cycles hold
-    (a model and its modules)."""
+    (six engine steps: 4.5-5.2 GB resident without this, 1.55 GB with it). ``collect`` first frees what
+    only reference cycles hold (a model and its modules)."""
     if collect:
         gc.collect()
     if _MALLOC_TRIM is not None:
