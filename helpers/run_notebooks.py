@@ -141,21 +141,24 @@ SMOLLM2_PARAMETERS = {
     "03": SMOLLM2_GRPO,
     # Code RL on functions to complete (HumanEval's form, the data set "functions"), all weights, from the
     # base model, which solves some of them (notebook 9 trains the same problems on a training session).
-    # A completion ends at its program's closing fence. Held out: the 32 test problems, 8 answers each at
+    # A completion ends at its program's closing fence. Held out: the 32 test problems, 4 answers each at
     # temperature 1, the same seeds before and after.
     "04": {
         "start_from": "base",
         "data_set": "functions",
         "learning_rate": 5e-5,
         "format_reward_weight": 0.0,
-        "max_steps": 16,
+        "max_steps": 8,
         "batch_size": 4,
         "num_generations": 6,
-        "micro_batch_size": 12,
+        # A pass holds every layer's activations and its logits over the vocabulary until its backward, about
+        # 3.5 MB a token: 12 completions of ~360 tokens a pass took the learner to 10.8 GB, and the machine out
+        # of memory beside the session notebooks.
+        "micro_batch_size": 4,
         "max_new_tokens": 160,
         "stop": "\n```\n",
         "eval_examples": 32,
-        "eval_samples": 8,
+        "eval_samples": 4,
         "eval_temperature": 1.0,
     },
     "05": {**SMOLLM2_GRPO, "checkpoint_every": 4, "interrupt_after_step": 8},
@@ -181,7 +184,7 @@ SMOLLM2_PARAMETERS = {
         "lora_rank": 16,
         "lora_alpha": 32,
         "task": "gsm8k",
-        "steps": 24,
+        "steps": 16,
         "problems_per_step": 6,
         "group_size": 6,
         "learning_rate": 1e-3,
@@ -356,6 +359,7 @@ def run(out: Path, only: list[str] | None = None, cell_timeout: int | None = Non
     # every parallel step, for threads that another lane has taken off the cores (03's GRPO job ran
     # 7x slower beside 09 so). Local mode sizes each job's hosts from this.
     os.environ.setdefault("OMP_NUM_THREADS", str(max(1, hostlib.machine_threads() // max(1, len(side_by_side)))))
+
     def run_side_by_side(lane: list[Path]) -> bool:
         try:
             return run_lane(lane)
