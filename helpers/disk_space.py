@@ -24,6 +24,10 @@ ENVIRONMENT_GIB = {".venv": 2.5, ".venv-sessions": 2.2, ".venv-image": 1.6, ".ve
 # Room for what a run writes beside them: the test suite's and the main job's outputs/, and pip's
 # temporary files while it unpacks.
 RUN_GIB = 1.0
+# What a main job on a real model writes to its output folder, measured and rounded up: SmolLM2's runs
+# hold every job's model (538 MB), its archive in local S3, and notebook 05's checkpoints with the
+# optimizer's state (22 GB in the run of 5 December).
+MAIN_JOB_GIB = {"smollm2": 25.0}
 
 
 def missing_environments(names: list[str], repo: Path = REPO) -> list[str]:
@@ -48,6 +52,20 @@ def shortage(names: list[str], free_bytes: int) -> str | None:
         f"{RUN_GIB} GiB for the run's outputs), {free:.1f} GiB free on the disk that holds {REPO}.\n"
         f"Free {need - free:.1f} GiB or more (for example `python3 -m pip cache purge`, or remove old run "
         "folders under outputs/), or clone the repository onto a larger disk, then run the same command again."
+    )
+
+
+def main_job_shortage(model: str, out: Path, free_bytes: int) -> str | None:
+    """Why ``free_bytes`` is too little for ``make main MODEL=<model>`` to write its run into ``out``,
+    or None if it is enough (or the model's runs are small: the tiny model's take about 1 GB)."""
+    need = MAIN_JOB_GIB.get(model)
+    free = free_bytes / GIB
+    if need is None or free >= need:
+        return None
+    return (
+        f"Not enough disk space for the {model} run: it writes about {need:.0f} GiB to {out}, and the disk "
+        f"that holds it has {free:.1f} GiB free. Free {need - free:.1f} GiB or more (earlier runs' folders, "
+        "outputs/main-*, are the largest), or give OUT=<a folder on a larger disk>, then run it again."
     )
 
 

@@ -21,11 +21,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from helpers import disk_space
 from helpers import training_session_notebooks as training_sessions
 from helpers.local_mode import hosts as hostlib
 from helpers.local_mode import sessions
@@ -329,6 +331,10 @@ def run(out: Path, only: list[str] | None = None, cell_timeout: int | None = Non
     whole job). A failing notebook ends its lane; the other lane runs on."""
     cell_timeout = cell_timeout or (900 if model == "tiny" else 3600)
     out = out.resolve()
+    existing = next(folder for folder in (out, *out.parents) if folder.exists())
+    problem = disk_space.main_job_shortage(model, out, shutil.disk_usage(existing).free)
+    if problem:
+        raise SystemExit(problem)  # before the first notebook, not at a job's "No space left on device"
     (out / "notebooks").mkdir(parents=True, exist_ok=True)
     work_dir = out / "work"
     state_file = work_dir / "state.json"

@@ -6,6 +6,7 @@ import re
 from importlib import metadata
 from pathlib import Path
 
+import pytest
 from packaging.requirements import Requirement
 from packaging.version import Version
 
@@ -87,6 +88,24 @@ def test_a_disk_too_small_for_the_environments_is_said_before_pip_starts(tmp_pat
     assert "pip cache purge" in message and "run the same command again" in message
     assert disk_space.shortage([], 0) is None  # everything built: no room needed
     assert not missing.exists()
+
+
+def test_a_real_model_run_without_room_for_its_outputs_stops_before_its_first_notebook(tmp_path, monkeypatch):
+    import shutil
+
+    from helpers import disk_space, run_notebooks
+
+    need = disk_space.MAIN_JOB_GIB["smollm2"]
+    usage = shutil.disk_usage(tmp_path)
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: usage._replace(free=int(3.5 * disk_space.GIB)))
+    out = tmp_path / "runs" / "main-smollm2"
+    with pytest.raises(SystemExit) as stopped:
+        run_notebooks.run(out, model="smollm2")
+    message = str(stopped.value)
+    assert f"writes about {need:.0f} GiB to {out}" in message and "3.5 GiB free" in message
+    assert "OUT=" in message and not out.exists()  # nothing started, nothing half-written
+    assert disk_space.main_job_shortage("smollm2", out, int((need + 1) * disk_space.GIB)) is None
+    assert disk_space.main_job_shortage("tiny", out, 0) is None  # the tiny model's run is small
 
 
 def test_every_environment_the_makefile_builds_has_a_size_and_is_checked_first():
