@@ -140,11 +140,7 @@ class TrainingJob:
                 status.secondary("Training", "Training image download completed. Training in progress.")
             else:
                 status.secondary("Training", "Training resumed after the Spot interruption.")
-            try:
-                outcome = self._supervisor.run(hosts, module)
-            finally:
-                for host in hosts:
-                    shutil.rmtree(host.tmp, ignore_errors=True)
+            outcome = self._supervisor.run(hosts, module)
             checkpoints.sync(self.aws, job, hosts)
             if outcome.kind != "Interrupted":
                 break
