@@ -343,6 +343,8 @@ def run(out: Path, only: list[str] | None = None, cell_timeout: int | None = Non
     prepare_environment(out)
     # a model other than the tiny one runs the notebooks its profile has parameters for
     selected = notebooks(only or (None if model == "tiny" else sorted(PROFILES[model])))
+    if only:
+        forget_jobs(state_file, selected)
     number = {notebook: index for index, notebook in enumerate(selected, 1)}
     results = []
     started = time.monotonic()
@@ -379,12 +381,41 @@ def run(out: Path, only: list[str] | None = None, cell_timeout: int | None = Non
         with ThreadPoolExecutor(max_workers=max(1, len(side_by_side))) as pool:
             list(pool.map(run_side_by_side, side_by_side))
     sessions.stop_service(out / "sagemaker-local")  # a run whose notebook 00 failed may have started it
+    if only:
+        results += earlier_results(out, results)
     results.sort(key=lambda entry: entry["notebook"])
     summary = build_summary(results, state_file, out)
     summary["seconds"] = round(time.monotonic() - started, 1)
     write_summary(summary, out)
     print(render_markdown(summary), flush=True)
     return summary
+
+
+def forget_jobs(state_file: Path, selected: list[Path]) -> None:
+    """A notebook run again into the same folder replaces the jobs it launched before: the hand-over
+    file would otherwise hold both, and the later notebooks and the summary read every job listed."""
+    if not state_file.exists():
+        return
+    state = json.loads(state_file.read_text())
+    names = {notebook.stem for notebook in selected}
+    kept = [job for job in state.get("jobs", []) if job.get("notebook") not in names]
+    if len(kept) != len(state.get("jobs", [])):
+        state["jobs"] = kept
+        state_file.write_text(json.dumps(state, indent=1))
+
+
+def earlier_results(out: Path, results: list[dict]) -> list[dict]:
+    """The notebooks an earlier run into ``out`` ran and this one (``--only``) did not, as that run's
+    summary has them: the summary stays one of the whole folder, whose hand-over file they wrote."""
+    path = out / "summary.json"
+    if not path.exists():
+        return []
+    ran = {entry["notebook"] for entry in results}
+    return [
+        {**entry, "earlier_run": True}
+        for entry in json.loads(path.read_text()).get("notebooks", [])
+        if entry["notebook"] not in ran
+    ]
 
 
 def execute(notebook: Path, out: Path, work_dir: Path, model: str, cell_timeout: int) -> dict:
@@ -577,7 +608,9 @@ def render_markdown(summary: dict) -> str:
         "",
     ]
     for r in summary["notebooks"]:
-        line = f"- {r['notebook']}: {r['status']} in {r['seconds']:.0f} s"
+        line = f"- {r['notebook']}: {r['status']} in {r['seconds']:.0f} s" + (
+            " (an earlier run into this folder)" if r.get("earlier_run") else ""
+        )
         if r["status"] != "ok":
             line += f" -- {r.get('cell')}: {r.get('error', '').splitlines()[0] if r.get('error') else ''}"
         lines.append(line)

@@ -568,6 +568,40 @@ def test_lanes_run_side_by_side_after_00_and_a_failure_ends_only_its_lane(tmp_pa
     assert summary["seconds"] < sum(end - start for start, end in spans.values())
 
 
+def test_a_notebook_run_again_replaces_its_jobs_and_the_summary_keeps_the_others(tmp_path, monkeypatch):
+    """`--only 05 06` after a run whose 05 failed: one job per notebook, one summary of the whole folder."""
+    from helpers import run_notebooks
+
+    state_file = tmp_path / "work" / "state.json"
+    attempt = {"01": 0}
+
+    def fake_execute(notebook, out, work_dir, model, cell_timeout):
+        state = json.loads(state_file.read_text()) if state_file.exists() else {}
+        if notebook.name.startswith("01"):  # the notebook launches a job: it fails the first time
+            attempt["01"] += 1
+            state.setdefault("jobs", []).append({"notebook": notebook.stem, "job_name": f"sft-{attempt['01']}"})
+        state_file.parent.mkdir(parents=True, exist_ok=True)
+        state_file.write_text(json.dumps(state))
+        failed = notebook.name.startswith("01") and attempt["01"] == 1
+        return {"notebook": notebook.name, "status": "failed" if failed else "ok", "seconds": 1.0,
+                "cell": "cell 3: x", "error": "OSError: No space left on device" if failed else None}  # fmt: skip
+
+    monkeypatch.setattr(run_notebooks, "execute", fake_execute)
+    monkeypatch.setattr(run_notebooks, "prepare_environment", lambda out: {})
+    first = run_notebooks.run(tmp_path, only=["00", "01", "07"])
+    assert not first["ok"] and [j["job_name"] for j in first["jobs"]] == ["sft-1"]
+
+    again = run_notebooks.run(tmp_path, only=["01"])
+    assert [j["job_name"] for j in again["jobs"]] == ["sft-2"]  # the failed attempt's job is gone
+    assert [(r["notebook"][:2], r["status"], r.get("earlier_run", False)) for r in again["notebooks"]] == [
+        ("00", "ok", True), ("01", "ok", False), ("07", "ok", True)]  # fmt: skip
+    assert again["ok"]
+    assert (
+        "07_training_session_sft.ipynb: ok in 1 s (an earlier run into this folder)"
+        in (tmp_path / "summary.md").read_text()
+    )
+
+
 def test_widget_view_shows_status_progress_and_metrics():
     view = live._WidgetView("job", 4)
     view.update(
