@@ -62,6 +62,7 @@ class Host:
     group: str = HOMOGENEOUS_GROUP  # its instance group
     instance_type: str = ""
     checkpoints: Path | None = None  # the real folder behind CheckpointConfig.LocalPath
+    tmp: Path | None = None  # its temporary folder (TMPDIR), removed when the job ends, as a container's /tmp
     synced: dict = field(default_factory=dict)  # checkpoint file -> (size, mtime) last uploaded
 
     @property
@@ -193,6 +194,8 @@ def host_environment(host: Host, job: dict, region: str, training_module: str | 
         env["SAGEMAKER_TRAINING_MODULE"] = training_module
     if isolation() != NAMESPACES:
         env["SAGEMAKER_BASE_DIR"] = str(host.tree)
+    if host.tmp is not None:
+        env["TMPDIR"] = str(host.tmp)
     return env
 
 
@@ -254,6 +257,10 @@ def lay_out_hosts(run_dir: Path, job: dict, code_dir: Path | None, channels) -> 
         write_config(host, hosts, job, hyperparameters)
         host.checkpoints = host.path(job.get("CheckpointConfig", {}).get("LocalPath", "/opt/ml/checkpoints"))
         host.checkpoints.mkdir(parents=True, exist_ok=True)
+        # A container's /tmp goes with it; this machine's /tmp stays. What a job leaves there (a model
+        # archive unpacked from its channel is hundreds of MB) must go with the job here too.
+        host.tmp = run_dir / f"{host.name}-tmp"
+        host.tmp.mkdir()
     for channel in channels:  # staging.Channel
         receivers = [h for h in hosts if receives(h, channel.request)]
         for index, host in enumerate(receivers):

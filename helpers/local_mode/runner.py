@@ -140,7 +140,11 @@ class TrainingJob:
                 status.secondary("Training", "Training image download completed. Training in progress.")
             else:
                 status.secondary("Training", "Training resumed after the Spot interruption.")
-            outcome = self._supervisor.run(hosts, module)
+            try:
+                outcome = self._supervisor.run(hosts, module)
+            finally:
+                for host in hosts:
+                    shutil.rmtree(host.tmp, ignore_errors=True)
             checkpoints.sync(self.aws, job, hosts)
             if outcome.kind != "Interrupted":
                 break

@@ -57,7 +57,9 @@ VERDICTS = (
 )
 REWARD_MODES = ("fraction", "all_or_nothing")
 UID_BASE = 61000
-UID_LOCKS = Path(tempfile.gettempdir()) / "sandbox-uid-locks"
+# The uids are this machine's, whatever temporary folder a process has (a local-mode host has its own, as
+# a container does): the locks that hand them out live at one path for the whole machine.
+UID_LOCKS = Path("/tmp/sandbox-uid-locks")
 THREAD_VARIABLES = (
     "OMP_NUM_THREADS",
     "OPENBLAS_NUM_THREADS",

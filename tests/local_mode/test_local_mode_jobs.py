@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import re
 import tarfile
 from pathlib import Path
@@ -69,6 +70,10 @@ def test_pytorch_fit_streams_logs_metrics_model_and_checkpoints(local_session, r
     assert "fixture started mode=steps host=algo-1" in out  # the SDK streamed the container's log
     assert "step=3 loss=0.3333" in out
     assert "Completed - Training job completed" in out
+    # The script's temporary folder was the job's own, and went with the job, as a container's /tmp does.
+    (job_tmp,) = re.findall(r"^tmp=(.+)$", out, re.MULTILINE)
+    assert Path(job_tmp).resolve().is_relative_to(Path(os.environ["SAGEMAKER_LOCAL_ROOT"]).resolve()), job_tmp
+    assert not Path(job_tmp).exists()
 
     model = read_model(local_session, estimator.model_data)
     assert json.loads(model["result.json"]) == {"final_step": 3, "resumed_from": 0, "rows": 3}

@@ -3,7 +3,8 @@
 --mode steps      a resumable loop: one `step=<n> loss=<x>` line per step, a checkpoint every
                   --checkpoint_every steps in /opt/ml/checkpoints (written before the step's line),
                   the data line count, the final step and the resume step in the model dir; on
-                  SIGTERM it saves the step it is in and exits 0 (where the signal reaches it)
+                  SIGTERM it saves the step it is in and exits 0 (where the signal reaches it);
+                  it leaves a file in its temporary folder and prints ``tmp=<folder>``
 --mode allreduce  torch.distributed (gloo) all-reduce of rank+1 over every process; the hosts of
                   --judge_group (an instance group outside the distribution) print a line instead
 --mode fail       writes a failure reason and exits 1 (on the host given by --fail_host)
@@ -16,6 +17,7 @@ import json
 import os
 import signal
 import sys
+import tempfile
 import time
 
 parser = argparse.ArgumentParser()
@@ -41,6 +43,9 @@ if args.mode == "steps":
     if os.path.exists(state_file):
         start = json.load(open(state_file))["step"]
         print(f"resumed from step {start}", flush=True)
+    with tempfile.NamedTemporaryFile("w", suffix=".scratch", delete=False) as scratch:
+        scratch.write("a file a script leaves behind")
+    print(f"tmp={tempfile.gettempdir()}", flush=True)
     rows = 0
     if "SM_CHANNEL_TRAIN" in os.environ:
         with open(os.path.join(os.environ["SM_CHANNEL_TRAIN"], "train.jsonl")) as f:
