@@ -23,6 +23,7 @@ import json
 import os
 import shutil
 import sys
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -367,8 +368,17 @@ def run(out: Path, only: list[str] | None = None, cell_timeout: int | None = Non
     side_by_side = lanes(selected)
     # Lanes side by side share the cores: a job or kernel that starts a thread per core would wait, at
     # every parallel step, for threads that another lane has taken off the cores (03's GRPO job ran
-    # 7x slower beside 09 so). Local mode sizes each job's hosts from this.
-    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, hostlib.machine_threads() // max(1, len(side_by_side)))))
+    # 7x slower beside 09 so). Local mode sizes each job's hosts from OMP_NUM_THREADS, which a kernel
+    # takes from this process when it starts. Unless the caller set it, a lane's share grows when the
+    # other lane ends: the notebooks that start after it get its cores too.
+    cores, running = hostlib.machine_threads(), [len(side_by_side)]
+    ours = "OMP_NUM_THREADS" not in os.environ
+    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, cores // max(1, running[0]))))
+    # The session service computes for the session lane: its share, one thread beside the jobs, the cores
+    # when it runs alone (SmolLM2's notebook 08 on 2 cores: 386 s with one thread, 263 s with two).
+    session_threads_ours = "SAGEMAKER_LOCAL_SESSION_THREADS" not in os.environ
+    os.environ.setdefault("SAGEMAKER_LOCAL_SESSION_THREADS", os.environ["OMP_NUM_THREADS"])
+    share_lock = threading.Lock()
 
     def run_side_by_side(lane: list[Path]) -> bool:
         try:
@@ -378,11 +388,18 @@ def run(out: Path, only: list[str] | None = None, cell_timeout: int | None = Non
                 # The session notebooks' endpoint outlives their kernels, as the real service does; the
                 # run's own ends with their lane rather than holding its models while the jobs go on.
                 sessions.stop_service(out / "sagemaker-local")
+            with share_lock:
+                running[0] -= 1
+                if ours and running[0]:
+                    os.environ["OMP_NUM_THREADS"] = str(max(1, cores // running[0]))
 
     if run_lane([n for n in selected if n.name.startswith("00")]):
         with ThreadPoolExecutor(max_workers=max(1, len(side_by_side))) as pool:
             list(pool.map(run_side_by_side, side_by_side))
     sessions.stop_service(out / "sagemaker-local")  # a run whose notebook 00 failed may have started it
+    for variable, set_here in (("OMP_NUM_THREADS", ours), ("SAGEMAKER_LOCAL_SESSION_THREADS", session_threads_ours)):
+        if set_here:
+            os.environ.pop(variable, None)  # this process's own setting again, for a caller that goes on
     if only:
         results += earlier_results(out, results)
     results.sort(key=lambda entry: entry["notebook"])

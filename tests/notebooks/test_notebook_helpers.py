@@ -5,6 +5,7 @@ from __future__ import annotations
 import ast
 import json
 import math
+import os
 import textwrap
 import time
 
@@ -566,6 +567,33 @@ def test_lanes_run_side_by_side_after_00_and_a_failure_ends_only_its_lane(tmp_pa
     assert all(spans["00"][1] <= start for name, (start, _) in spans.items() if name != "00")
     assert spans["07"][0] < spans["01"][1] and spans["01"][0] < spans["07"][1]  # at the same time
     assert summary["seconds"] < sum(end - start for start, end in spans.values())
+
+
+def test_each_lane_and_the_session_service_get_their_share_of_the_cores(tmp_path, monkeypatch):
+    from helpers import run_notebooks
+
+    seen = {}
+
+    def fake_execute(notebook, out, work_dir, model, cell_timeout):
+        seen[notebook.name[:2]] = (os.environ["OMP_NUM_THREADS"], os.environ["SAGEMAKER_LOCAL_SESSION_THREADS"])
+        if notebook.name.startswith("01"):  # a long job notebook: the session lane ends while it runs
+            deadline = time.monotonic() + 60
+            while os.environ["OMP_NUM_THREADS"] != "4" and time.monotonic() < deadline:
+                time.sleep(0.01)
+        return {"notebook": notebook.name, "status": "ok", "seconds": 0.0}
+
+    monkeypatch.setattr(run_notebooks, "execute", fake_execute)
+    monkeypatch.setattr(run_notebooks, "prepare_environment", lambda out: {})
+    monkeypatch.setattr(run_notebooks.hostlib, "machine_threads", lambda: 4)
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.delenv("SAGEMAKER_LOCAL_SESSION_THREADS", raising=False)
+    run_notebooks.run(tmp_path / "two-lanes", only=["00", "01", "02", "07"])
+    assert seen["01"] == seen["07"] == ("2", "2"), seen  # side by side: half the cores each
+    assert seen["02"] == ("4", "2"), seen  # it started after the session lane had ended: all of them
+    assert "OMP_NUM_THREADS" not in os.environ  # put back as the run found it
+
+    run_notebooks.run(tmp_path / "sessions", only=["00", "07"])
+    assert seen["07"] == ("4", "4"), seen  # the session lane alone, the service included
 
 
 def test_a_notebook_run_again_replaces_its_jobs_and_the_summary_keeps_the_others(tmp_path, monkeypatch):
