@@ -405,6 +405,7 @@ def run(out: Path, only: list[str] | None = None, cell_timeout: int | None = Non
     results.sort(key=lambda entry: entry["notebook"])
     summary = build_summary(results, state_file, out)
     summary["seconds"] = round(time.monotonic() - started, 1)
+    summary["lanes"] = [[notebook.stem for notebook in lane] for lane in side_by_side]
     write_summary(summary, out)
     print(render_markdown(summary), flush=True)
     return summary
@@ -611,6 +612,15 @@ def build_summary(results: list[dict], state_file: Path, out: Path) -> dict:
     }
 
 
+def how_the_lanes_ran(lanes: list[list[str]]) -> str:
+    """The summary's first line, on how this run's notebooks after 00 shared the machine."""
+    if len(lanes) > 1:
+        return (
+            f" ({len(lanes)} lanes side by side: " + "; ".join(", ".join(n[:2] for n in lane) for lane in lanes) + ")"
+        )
+    return " (one after another)" if lanes and len(lanes[0]) > 1 else ""
+
+
 def render_markdown(summary: dict) -> str:
     model = summary.get("model")
     lines = [
@@ -618,7 +628,7 @@ def render_markdown(summary: dict) -> str:
         "",
         f"Result: {'all notebooks ran' if summary['ok'] else 'FAILED'}"
         + (
-            f" in {summary['seconds']:.0f} s (the job and session notebooks side by side)"
+            f" in {summary['seconds']:.0f} s{how_the_lanes_ran(summary.get('lanes', []))}"
             if "seconds" in summary
             else ""
         ),

@@ -567,6 +567,8 @@ def test_lanes_run_side_by_side_after_00_and_a_failure_ends_only_its_lane(tmp_pa
     assert all(spans["00"][1] <= start for name, (start, _) in spans.items() if name != "00")
     assert spans["07"][0] < spans["01"][1] and spans["01"][0] < spans["07"][1]  # at the same time
     assert summary["seconds"] < sum(end - start for start, end in spans.values())
+    assert summary["lanes"] == [["01_estimator_sft", "02_sagemaker_session_dpo", "03_boto3_grpo"], ["07_training_session_sft", "08_training_session_grpo"]]  # fmt: skip
+    assert "2 lanes side by side: 01, 02, 03; 07, 08)" in run_notebooks.render_markdown(summary)
 
 
 def test_each_lane_and_the_session_service_get_their_share_of_the_cores(tmp_path, monkeypatch):
@@ -592,8 +594,9 @@ def test_each_lane_and_the_session_service_get_their_share_of_the_cores(tmp_path
     assert seen["02"] == ("4", "2"), seen  # it started after the session lane had ended: all of them
     assert "OMP_NUM_THREADS" not in os.environ  # put back as the run found it
 
-    run_notebooks.run(tmp_path / "sessions", only=["00", "07"])
-    assert seen["07"] == ("4", "4"), seen  # the session lane alone, the service included
+    alone = run_notebooks.run(tmp_path / "sessions", only=["00", "07", "08"])
+    assert seen["07"] == seen["08"] == ("4", "4"), seen  # the session lane alone, the service included
+    assert "(one after another)" in run_notebooks.render_markdown(alone)
 
 
 def test_a_notebook_run_again_replaces_its_jobs_and_the_summary_keeps_the_others(tmp_path, monkeypatch):
