@@ -154,5 +154,7 @@ def render(sessions: list[dict]) -> list[str]:
             lines.append(
                 f"  - resumed from the checkpoint after step {resume['from_step']} for {resume['steps']} steps, "
                 f"largest difference from the uninterrupted steps: {differences}"
+                if differences
+                else f"  - no resume in this run (resume_from_step = {resume['from_step']}: the loop saved no checkpoint)"
             )
     return lines

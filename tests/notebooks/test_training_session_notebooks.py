@@ -339,7 +339,20 @@ def test_the_summary_gives_held_out_figures_with_their_standard_errors_and_the_p
     lines = "\n".join(
         training_session_notebooks.render(
             [
-                {**base, "notebook": "08_training_session_grpo", "session": "a", "held_out": held_out},
+                {
+                    **base,
+                    "notebook": "08_training_session_grpo",
+                    "session": "a",
+                    "held_out": held_out,
+                    "resume": {"from_step": 0, "steps": 2, "largest_difference": {}},
+                },  # a profile that skips it
+                {
+                    **base,
+                    "notebook": "08_training_session_grpo",
+                    "session": "c",
+                    "held_out": held_out,
+                    "resume": {"from_step": 8, "steps": 2, "largest_difference": {"with the optimizer": 0.0}},
+                },
                 {
                     **base,
                     "notebook": "09_training_session_code_rl",
@@ -353,3 +366,5 @@ def test_the_summary_gives_held_out_figures_with_their_standard_errors_and_the_p
     assert "held-out accuracy 0.300 ± 0.040 -> 0.350 ± 0.041" in lines and "paired: ± 0.020" in lines
     assert "held-out pass rate 0.300 ± 0.040" in lines and "64 problems x 16 answers" in lines
     assert "tests passed, first quarter 0.000, last quarter 0.125" in lines
+    assert "no resume in this run (resume_from_step = 0: the loop saved no checkpoint)" in lines
+    assert "resumed from the checkpoint after step 8 for 2 steps, largest difference from the uninterrupted steps: with the optimizer 0" in lines  # fmt: skip
