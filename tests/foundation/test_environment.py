@@ -123,3 +123,17 @@ def test_every_environment_the_makefile_builds_has_a_size_and_is_checked_first()
     check = next(i for i, line in enumerate(lines) if "helpers.disk_space" in line)
     assert check < next(i for i, line in enumerate(lines) if "pip install" in line)
     assert all(venv in lines[check] for venv in venvs)
+
+
+def test_make_main_passes_the_notebooks_to_run_on():
+    import subprocess
+
+    def dry(*variables: str) -> str:
+        run = subprocess.run(["make", "-n", "main", *variables], cwd=REPO, capture_output=True, text=True)
+        assert run.returncode == 0, run.stderr
+        return next(line for line in run.stdout.splitlines() if "helpers.run_notebooks" in line)
+
+    assert dry("MODEL=smollm2", "ONLY=00 07 08 09 12").endswith(
+        "--model smollm2 --out outputs/main-smollm2 --only 00 07 08 09 12"
+    )
+    assert dry().endswith("--model tiny --out outputs/main")  # every notebook
