@@ -28,6 +28,8 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from jupyter_client.manager import KernelManager
+
 from helpers import disk_space
 from helpers import training_session_notebooks as training_sessions
 from helpers.local_mode import hosts as hostlib
@@ -235,6 +237,26 @@ SMOLLM2_PARAMETERS = {
     },
 }
 PROFILES = {"tiny": CI_PARAMETERS, "smollm2": SMOLLM2_PARAMETERS}
+# How each profile shares the machine between its lanes. "sessions_first": while both lanes run, the job
+# lane's kernels, and the local-mode jobs they start, run at a lower priority (``nice``) and the session
+# service computes on every core, so the job lane takes the cores the session lane leaves idle. The real
+# model's session notebooks have a budget of their own (15 minutes), and on an equal share they took 24.6
+# (README); the tiny profile's job lane is its longer one (256 s against 135 s), so its lanes share equally.
+# "session_precision": what the session service computes in, bf16 only on a CPU with bf16 instructions.
+LANE_SETTINGS = {
+    "tiny": {"sessions_first": False, "session_precision": "fp32"},
+    "smollm2": {"sessions_first": True, "session_precision": "bf16"},
+}
+JOB_LANE_NICENESS = 10  # a tenth of a core's time where a session thread wants it: enough to go on, not to slow it
+
+
+class YieldingKernelManager(KernelManager):
+    """A kernel started at a lower scheduling priority (``nice -n JOB_LANE_NICENESS``); the processes it
+    starts, local mode's training jobs among them, inherit it."""
+
+    def format_kernel_cmd(self, extra_arguments: list[str] | None = None) -> list[str]:
+        return ["nice", "-n", str(JOB_LANE_NICENESS), *super().format_kernel_cmd(extra_arguments)]
+
 
 # What each loop's curves show, by profile and script: (metric, the direction the run must take, or
 # None where the model cannot promise one, and then why). The summary says whether each stated direction
@@ -352,10 +374,10 @@ def run(out: Path, only: list[str] | None = None, cell_timeout: int | None = Non
     results = []
     started = time.monotonic()
 
-    def run_lane(lane: list[Path]) -> bool:
+    def run_lane(lane: list[Path], yielding: bool = False) -> bool:
         for notebook in lane:
             print(f"[{number[notebook]}/{len(selected)}] {notebook.name} ...", flush=True)
-            entry = execute(notebook, out, work_dir, model, cell_timeout)
+            entry = execute(notebook, out, work_dir, model, cell_timeout, yielding)
             results.append(entry)
             line = f"[{number[notebook]}/{len(selected)}] {notebook.name} {entry['status']} ({entry['seconds']:.0f} s)"
             if entry["status"] != "ok":
@@ -371,34 +393,44 @@ def run(out: Path, only: list[str] | None = None, cell_timeout: int | None = Non
     # 7x slower beside 09 so). Local mode sizes each job's hosts from OMP_NUM_THREADS, which a kernel
     # takes from this process when it starts. Unless the caller set it, a lane's share grows when the
     # other lane ends: the notebooks that start after it get its cores too.
+    set_here = {  # what this run sets, and removes again at its end
+        variable: variable not in os.environ
+        for variable in ("OMP_NUM_THREADS", "SAGEMAKER_LOCAL_SESSION_THREADS", sessions.PRECISION_VARIABLE)
+    }
     cores, running = hostlib.machine_threads(), [len(side_by_side)]
-    ours = "OMP_NUM_THREADS" not in os.environ
     os.environ.setdefault("OMP_NUM_THREADS", str(max(1, cores // max(1, running[0]))))
-    # The session service computes for the session lane: its share, one thread beside the jobs, the cores
-    # when it runs alone (SmolLM2's notebook 08 on 2 cores: 386 s with one thread, 263 s with two).
-    session_threads_ours = "SAGEMAKER_LOCAL_SESSION_THREADS" not in os.environ
-    os.environ.setdefault("SAGEMAKER_LOCAL_SESSION_THREADS", os.environ["OMP_NUM_THREADS"])
+    settings = LANE_SETTINGS[model]
+    is_session_lane = {id(lane): all(n.name[:2] in training_sessions.NOTEBOOKS for n in lane) for lane in side_by_side}
+    sessions_first = settings["sessions_first"] and len(side_by_side) > 1 and any(is_session_lane.values())
+    # The session service computes for the session lane: its share, one thread beside the jobs, or the
+    # cores when it runs alone or first (SmolLM2's notebook 08 on 2 cores: 386 s with one thread, 263 s
+    # with two).
+    os.environ.setdefault(
+        "SAGEMAKER_LOCAL_SESSION_THREADS", str(cores) if sessions_first else os.environ["OMP_NUM_THREADS"]
+    )
+    bf16 = settings["session_precision"] == "bf16" and hostlib.native_bf16()
+    os.environ.setdefault(sessions.PRECISION_VARIABLE, "bf16" if bf16 else "fp32")
     share_lock = threading.Lock()
 
     def run_side_by_side(lane: list[Path]) -> bool:
         try:
-            return run_lane(lane)
+            return run_lane(lane, yielding=sessions_first and not is_session_lane[id(lane)])
         finally:
-            if all(n.name[:2] in training_sessions.NOTEBOOKS for n in lane):
+            if is_session_lane[id(lane)]:
                 # The session notebooks' endpoint outlives their kernels, as the real service does; the
                 # run's own ends with their lane rather than holding its models while the jobs go on.
                 sessions.stop_service(out / "sagemaker-local")
             with share_lock:
                 running[0] -= 1
-                if ours and running[0]:
+                if set_here["OMP_NUM_THREADS"] and running[0]:
                     os.environ["OMP_NUM_THREADS"] = str(max(1, cores // running[0]))
 
     if run_lane([n for n in selected if n.name.startswith("00")]):
         with ThreadPoolExecutor(max_workers=max(1, len(side_by_side))) as pool:
             list(pool.map(run_side_by_side, side_by_side))
     sessions.stop_service(out / "sagemaker-local")  # a run whose notebook 00 failed may have started it
-    for variable, set_here in (("OMP_NUM_THREADS", ours), ("SAGEMAKER_LOCAL_SESSION_THREADS", session_threads_ours)):
-        if set_here:
+    for variable, ours_to_remove in set_here.items():
+        if ours_to_remove:
             os.environ.pop(variable, None)  # this process's own setting again, for a caller that goes on
     if only:
         results += earlier_results(out, results)
@@ -438,8 +470,9 @@ def earlier_results(out: Path, results: list[dict]) -> list[dict]:
     ]
 
 
-def execute(notebook: Path, out: Path, work_dir: Path, model: str, cell_timeout: int) -> dict:
-    """One notebook with papermill, in its kernel, with the profile's parameters."""
+def execute(notebook: Path, out: Path, work_dir: Path, model: str, cell_timeout: int, yielding: bool = False) -> dict:
+    """One notebook with papermill, in its kernel, with the profile's parameters; ``yielding``: the
+    kernel at a lower priority (``YieldingKernelManager``)."""
     import papermill
 
     executed = out / "notebooks" / notebook.name
@@ -456,6 +489,7 @@ def execute(notebook: Path, out: Path, work_dir: Path, model: str, cell_timeout:
             # the repository root (where "../scripts/sft.py" is not found).
             resources={"metadata": {"path": str(NOTEBOOK_DIR)}},
             kernel_name=training_sessions.kernel_name(notebook),
+            kernel_manager_class=YieldingKernelManager if yielding else KernelManager,
             progress_bar=False,
             log_output=False,
             execution_timeout=cell_timeout,

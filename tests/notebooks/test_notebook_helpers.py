@@ -551,7 +551,7 @@ def test_lanes_run_side_by_side_after_00_and_a_failure_ends_only_its_lane(tmp_pa
 
     spans = {}
 
-    def fake_execute(notebook, out, work_dir, model, cell_timeout):
+    def fake_execute(notebook, out, work_dir, model, cell_timeout, yielding=False):
         started = time.monotonic()
         time.sleep(0.3)
         spans[notebook.name[:2]] = (started, time.monotonic())
@@ -576,7 +576,7 @@ def test_each_lane_and_the_session_service_get_their_share_of_the_cores(tmp_path
 
     seen = {}
 
-    def fake_execute(notebook, out, work_dir, model, cell_timeout):
+    def fake_execute(notebook, out, work_dir, model, cell_timeout, yielding=False):
         seen[notebook.name[:2]] = (os.environ["OMP_NUM_THREADS"], os.environ["SAGEMAKER_LOCAL_SESSION_THREADS"])
         if notebook.name.startswith("01"):  # a long job notebook: the session lane ends while it runs
             deadline = time.monotonic() + 60
@@ -599,6 +599,66 @@ def test_each_lane_and_the_session_service_get_their_share_of_the_cores(tmp_path
     assert "(one after another)" in run_notebooks.render_markdown(alone)
 
 
+def test_the_real_model_profile_runs_the_session_lane_first_and_in_bf16(tmp_path, monkeypatch):
+    """SmolLM2: the job lane's kernels yield the cores to the session lane, whose service computes on all of
+    them, in bf16 where the CPU has bf16 instructions; the tiny profile shares equally, in exact fp32."""
+    from helpers import run_notebooks
+    from helpers.local_mode import sessions
+
+    seen = {}
+
+    def fake_execute(notebook, out, work_dir, model, cell_timeout, yielding=False):
+        seen[notebook.name[:2]] = (
+            yielding,
+            os.environ["SAGEMAKER_LOCAL_SESSION_THREADS"],
+            os.environ[sessions.PRECISION_VARIABLE],
+        )
+        return {"notebook": notebook.name, "status": "ok", "seconds": 0.0}
+
+    monkeypatch.setattr(run_notebooks, "execute", fake_execute)
+    monkeypatch.setattr(run_notebooks, "prepare_environment", lambda out: {})
+    monkeypatch.setattr(run_notebooks.hostlib, "machine_threads", lambda: 4)
+    for variable in ("OMP_NUM_THREADS", "SAGEMAKER_LOCAL_SESSION_THREADS", sessions.PRECISION_VARIABLE):
+        monkeypatch.delenv(variable, raising=False)
+    monkeypatch.setattr(run_notebooks.hostlib, "native_bf16", lambda: True)
+    run_notebooks.run(tmp_path / "smollm2", only=["00", "01", "07"], model="smollm2")
+    assert seen["00"][0] is False and seen["01"] == (True, "4", "bf16") and seen["07"] == (False, "4", "bf16"), seen
+    assert sessions.PRECISION_VARIABLE not in os.environ  # put back as the run found it
+
+    monkeypatch.setattr(run_notebooks.hostlib, "native_bf16", lambda: False)  # bf16 would be slower there
+    run_notebooks.run(tmp_path / "smollm2-old-cpu", only=["00", "01", "07"], model="smollm2")
+    assert seen["07"] == (False, "4", "fp32"), seen
+
+    run_notebooks.run(tmp_path / "tiny", only=["00", "01", "07"])
+    assert seen["01"] == (False, "2", "fp32") and seen["07"] == (False, "2", "fp32"), seen
+
+
+def test_a_yielding_kernel_runs_at_a_lower_priority(tmp_path):
+    """A real kernel started by ``YieldingKernelManager`` is niced, and so are the processes it starts."""
+    from helpers import run_notebooks
+
+    manager = run_notebooks.YieldingKernelManager(kernel_name="python3")
+    manager.start_kernel(cwd=str(tmp_path))
+    client = manager.client()
+    client.start_channels()
+    try:
+        client.wait_for_ready(timeout=120)
+        outputs = []
+        code = (
+            "import os, subprocess, sys\n"
+            "print(os.nice(0), subprocess.run([sys.executable, '-c', 'import os; print(os.nice(0))'],"
+            " capture_output=True, text=True).stdout.strip())"
+        )
+        client.execute_interactive(
+            code, timeout=60, output_hook=lambda msg: outputs.append(msg["content"].get("text", ""))
+        )
+    finally:
+        client.stop_channels()
+        manager.shutdown_kernel(now=True)
+    base = os.nice(0)
+    assert "".join(outputs).split() == [str(min(19, base + run_notebooks.JOB_LANE_NICENESS))] * 2, outputs
+
+
 def test_a_notebook_run_again_replaces_its_jobs_and_the_summary_keeps_the_others(tmp_path, monkeypatch):
     """`--only 05 06` after a run whose 05 failed: one job per notebook, one summary of the whole folder."""
     from helpers import run_notebooks
@@ -606,7 +666,7 @@ def test_a_notebook_run_again_replaces_its_jobs_and_the_summary_keeps_the_others
     state_file = tmp_path / "work" / "state.json"
     attempt = {"01": 0}
 
-    def fake_execute(notebook, out, work_dir, model, cell_timeout):
+    def fake_execute(notebook, out, work_dir, model, cell_timeout, yielding=False):
         state = json.loads(state_file.read_text()) if state_file.exists() else {}
         if notebook.name.startswith("01"):  # the notebook launches a job: it fails the first time
             attempt["01"] += 1

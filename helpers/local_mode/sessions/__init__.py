@@ -37,6 +37,12 @@ SMOLLM2_MODEL_ID = "local/smollm2-135m-instruct"  # served when its wheel is ins
 FAKE_ACCESS_KEY = "LOCALMODEACCESSKEY"
 SECRET_VARIABLE = "SAGEMAKER_LOCAL_SESSION_SECRET_KEY"  # how the starting process gives the endpoint its secret
 REPO = Path(__file__).resolve().parents[3]
+# What the sessions' models compute in. fp32: exact, the same figures on every machine (the tests' and
+# CI's). bf16: the matrix products in bfloat16 with the weights and optimizer state kept in fp32, as a
+# GPU service computes; on a CPU with bf16 instructions (AVX512-BF16, AMX) SmolLM2's forward and
+# backward ran 2.7x faster and its sampling steps 1.6-2.2x (docs/BENCHMARKS.md); on others it is slower.
+PRECISION_VARIABLE = "SAGEMAKER_LOCAL_SESSION_PRECISION"
+PRECISIONS = ("fp32", "bf16")
 
 
 @dataclass
@@ -149,12 +155,24 @@ def running_endpoint(root: str | os.PathLike | None = None) -> Endpoint | None:
     return Endpoint(f"http://127.0.0.1:{info['port']}", info["pid"], root, info["region"], secret_key)
 
 
+def configured_precision() -> str:
+    """The precision ``SAGEMAKER_LOCAL_SESSION_PRECISION`` names (default fp32)."""
+    value = os.environ.get(PRECISION_VARIABLE, "") or "fp32"
+    if value not in PRECISIONS:
+        raise ValueError(
+            f"{PRECISION_VARIABLE}={value!r}: use fp32 (exact, the default) or bf16 (faster on a CPU with "
+            "bf16 instructions), then start the endpoint again."
+        )
+    return value
+
+
 def start_service(root: str | os.PathLike | None = None, region: str = "us-east-1", timeout: float = 120.0) -> Endpoint:
     """Start the endpoint process for ``root`` (or return the one already running) and register the
     tiny model, and SmolLM2-135M-Instruct where its wheel is installed. The process outlives this
     Python process, as the real service outlives a kernel. Kernels that start at once (the main
     job runs two lanes of notebooks) take turns, so they share one endpoint."""
     root = Path(root).expanduser() if root else local_root()
+    configured_precision()  # a bad setting is refused here, not by an endpoint that exits at its start
     _sessions_root(root).mkdir(parents=True, exist_ok=True)
     with open(_sessions_root(root) / "start.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes

@@ -41,6 +41,8 @@ if str(REPO / "scripts") not in sys.path:
 from common.data import pad_rows  # noqa: E402
 from common.generation import SampleRequest, default_stop_ids, sample_requests  # noqa: E402
 
+from . import PRECISIONS, configured_precision  # noqa: E402
+
 LOSS_INPUTS = {
     "cross_entropy": ("target_tokens", "weights"),
     "importance_sampling": ("target_tokens", "weights", "logprobs", "advantages"),
@@ -226,11 +228,14 @@ class Engine:
     """Base model + LoRA adapter on every linear layer, AdamW, sampling. One operation at a time runs
     on the model (``lock``); sample requests wait in ``sampling`` and run in shared passes."""
 
-    def __init__(self, model_dir: str, rank: int, alpha: int, seed: int = 0):
+    def __init__(self, model_dir: str, rank: int, alpha: int, seed: int = 0, precision: str | None = None):
         from peft import LoraConfig, get_peft_model
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         self.lock = threading.RLock()
+        self.precision = precision or configured_precision()
+        if self.precision not in PRECISIONS:
+            raise ValueError(f"precision {self.precision!r}: use one of {', '.join(PRECISIONS)}")
         config = LoraConfig(r=rank, lora_alpha=alpha, target_modules="all-linear", lora_dropout=0.0, bias="none")
         # One model built at a time: transformers loads through process-wide state (meta-device
         # initialisation), and the adapter's initial weights come from the global seed.
@@ -255,11 +260,19 @@ class Engine:
         # Two groups so LoRA+ can give B matrices their own learning rate (lr * loraPlusLrRatio).
         return torch.optim.AdamW([{"params": a_params, "lora": "A"}, {"params": b_params, "lora": "B"}], lr=1e-4)
 
+    def computing(self):
+        """The context the model's forward passes run in: bf16 autocast, or exact fp32. Backward runs
+        outside it, as autocast asks, and the fp32 weights receive fp32 gradients either way."""
+        if self.precision == "bf16":
+            return torch.autocast("cpu", dtype=torch.bfloat16)
+        return contextlib.nullcontext()
+
     # ---- forward / backward
     def _logprobs(self, rows: list[list[int]], targets: list[torch.Tensor]) -> list[torch.Tensor]:
         """Per-token log p(target) for right-padded rows, one padded forward pass."""
         ids, mask = pad_rows(rows, self.pad_id, left=False, device="cpu")
-        logits = self.model(input_ids=ids, attention_mask=mask, use_cache=False).logits.float()
+        with self.computing():
+            logits = self.model(input_ids=ids, attention_mask=mask, use_cache=False).logits.float()
         out = []
         for row, (tokens, target) in enumerate(zip(rows, targets, strict=True)):
             row_logits = logits[row, : len(tokens)]
@@ -399,7 +412,10 @@ class Engine:
                     return_freed_memory(collect=True)
                     model = copy.deepcopy(self.model)
                     _set_peft_state(model, adapter)
-                    self.merged_sampler = (adapter, model.merge_and_unload().eval())
+                    merged = model.merge_and_unload().eval()
+                    if self.precision == "bf16":
+                        merged = merged.to(torch.bfloat16)  # half the copy's memory, and no cast every step
+                    self.merged_sampler = (adapter, merged)
                     self.merges += 1
                 yield self.merged_sampler[1]
 
@@ -513,7 +529,7 @@ class SamplingQueue:
     def _run(self, batch: list[tuple[SampleRequest, object, Future]]) -> None:
         engine = self.engine
         try:
-            with engine.sampling_model(batch[0][1]) as model:
+            with engine.sampling_model(batch[0][1]) as model, engine.computing():
                 answers = sample_requests(model, engine.tokenizer, [r for r, _, _ in batch], engine.stop_ids)
             self.passes += 1
             return_freed_memory()  # the pass's KV cache
