@@ -261,8 +261,11 @@ class Engine:
         return torch.optim.AdamW([{"params": a_params, "lora": "A"}, {"params": b_params, "lora": "B"}], lr=1e-4)
 
     def computing(self):
-        """The context the model's forward passes run in: bf16 autocast, or exact fp32. Backward runs
-        outside it, as autocast asks, and the fp32 weights receive fp32 gradients either way."""
+        """The context ``forward`` and ``forward_backward`` run the model in: bf16 autocast, or exact
+        fp32. Backward runs outside it, as autocast asks, and the fp32 weights receive fp32 gradients
+        either way. Sampling and ``compute_logprobs`` stay fp32 in both: in bf16 a row's log-probs
+        depend on the rows beside it in the pass (alone and in a batch of 8: up to 0.14 apart; fp32:
+        equal), and a seeded request's samples must not depend on the requests it shares a pass with."""
         if self.precision == "bf16":
             return torch.autocast("cpu", dtype=torch.bfloat16)
         return contextlib.nullcontext()
@@ -271,8 +274,7 @@ class Engine:
     def _logprobs(self, rows: list[list[int]], targets: list[torch.Tensor]) -> list[torch.Tensor]:
         """Per-token log p(target) for right-padded rows, one padded forward pass."""
         ids, mask = pad_rows(rows, self.pad_id, left=False, device="cpu")
-        with self.computing():
-            logits = self.model(input_ids=ids, attention_mask=mask, use_cache=False).logits.float()
+        logits = self.model(input_ids=ids, attention_mask=mask, use_cache=False).logits.float()
         out = []
         for row, (tokens, target) in enumerate(zip(rows, targets, strict=True)):
             row_logits = logits[row, : len(tokens)]
@@ -286,7 +288,7 @@ class Engine:
         outputs, total = [], 0.0
         with self.lock:
             for batch in micro_batches(parsed):
-                with torch.set_grad_enabled(backward):
+                with torch.set_grad_enabled(backward), self.computing():
                     logprobs = self._logprobs([t for t, _ in batch], [i["target_tokens"] for _, i in batch])
                     losses = [
                         token_losses(loss_fn, lp, inputs, config).sum()
@@ -412,10 +414,7 @@ class Engine:
                     return_freed_memory(collect=True)
                     model = copy.deepcopy(self.model)
                     _set_peft_state(model, adapter)
-                    merged = model.merge_and_unload().eval()
-                    if self.precision == "bf16":
-                        merged = merged.to(torch.bfloat16)  # half the copy's memory, and no cast every step
-                    self.merged_sampler = (adapter, merged)
+                    self.merged_sampler = (adapter, model.merge_and_unload().eval())
                     self.merges += 1
                 yield self.merged_sampler[1]
 
@@ -529,7 +528,7 @@ class SamplingQueue:
     def _run(self, batch: list[tuple[SampleRequest, object, Future]]) -> None:
         engine = self.engine
         try:
-            with engine.sampling_model(batch[0][1]) as model, engine.computing():
+            with engine.sampling_model(batch[0][1]) as model:
                 answers = sample_requests(model, engine.tokenizer, [r for r, _, _ in batch], engine.stop_ids)
             self.passes += 1
             return_freed_memory()  # the pass's KV cache
