@@ -251,11 +251,13 @@ JOB_LANE_NICENESS = 10  # a tenth of a core's time where a session thread wants 
 
 
 class YieldingKernelManager(KernelManager):
-    """A kernel started at a lower scheduling priority (``nice -n JOB_LANE_NICENESS``); the processes it
-    starts, local mode's training jobs among them, inherit it."""
+    """A kernel started at a lower scheduling priority, its session's included (``helpers.lower_priority``);
+    the processes it starts inherit it, and local mode's training jobs keep it."""
 
     def format_kernel_cmd(self, extra_arguments: list[str] | None = None) -> list[str]:
-        return ["nice", "-n", str(JOB_LANE_NICENESS), *super().format_kernel_cmd(extra_arguments)]
+        command = super().format_kernel_cmd(extra_arguments)
+        launcher = str(Path(__file__).with_name("lower_priority.py"))
+        return [sys.executable, launcher, str(JOB_LANE_NICENESS), *command]
 
 
 # What each loop's curves show, by profile and script: (metric, the direction the run must take, or

@@ -139,7 +139,8 @@ def start_host(host: hostlib.Host, run_dir: Path, env: dict[str, str], entrypoin
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         stdin=subprocess.DEVNULL,
-        start_new_session=True,  # its own process group: stopping reaches torchrun's workers
+        # its own process group: stopping reaches torchrun's workers; its notebook's session, and priority
+        process_group=0,
     )
 
 

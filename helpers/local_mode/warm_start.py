@@ -81,7 +81,9 @@ def _run_host(request: dict) -> None:
     """In the forked child: become the host, run the toolkit, never return."""
     code = 1
     try:
-        os.setsid()
+        # A process group of its own, for stopping it with whatever it starts; not a session, which
+        # Linux's autogroup scheduling would make a CPU group of its own, out of its notebook's priority.
+        os.setpgid(0, 0)
         # If this server is killed outright, the toolkit process goes with it.
         ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
         for sig in (signal.SIGCHLD, signal.SIGTERM, signal.SIGINT):

@@ -35,7 +35,7 @@ class WarmStarter:
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             env=env,
-            start_new_session=True,
+            process_group=0,  # a group to stop; in its notebook's session, and so at its priority
         )
         self._ids = itertools.count()
         self._started: dict[int, queue.Queue] = {}

@@ -390,6 +390,24 @@ def write_failure(reason: str, run_started: float | None = None) -> Path:
     return path
 
 
+def hold_nice_value() -> bool:
+    """Give this process's session the nice value the process has, where it leads that session; True
+    if it did. Most Linux kernels schedule by autogroup: each session (``setsid``) is a group, and the
+    CPU is shared between groups whatever the nice values inside them. ``torchrun`` starts every
+    worker in a session of its own, so ``nice torchrun train.py`` would not lower the workers' share
+    (local mode starts a notebook's jobs so when their lane yields the cores to another). Nothing to
+    do at nice 0, without autogroups, or in a session this process did not start (a terminal's)."""
+    niceness = os.getpriority(os.PRIO_PROCESS, 0)
+    if niceness <= 0 or os.getsid(0) != os.getpid():
+        return False
+    try:
+        with open("/proc/self/autogroup", "w") as autogroup:
+            autogroup.write(str(niceness))
+    except OSError:  # no autogroups (another kernel, another system), or not allowed
+        return False
+    return True
+
+
 def run_main(main: Callable[[], object]) -> None:
     """Run ``main()``. On error: log it, write a one-paragraph reason to the failure file, exit 1.
 
@@ -399,6 +417,7 @@ def run_main(main: Callable[[], object]) -> None:
     ``exit_past_gloo_threads``.
     """
     setup_logging()
+    hold_nice_value()
     whole_process = getattr(main, "__module__", None) == "__main__"  # not a test calling it in its own process
     run_started = time.time()  # a failure file older than this is a previous run's
     rank = os.environ.get("RANK")

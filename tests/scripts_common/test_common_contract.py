@@ -383,3 +383,35 @@ def test_model_channel_may_hold_a_jobs_model_tar_gz(clean_env, tmp_path):
         tempfile.tempdir = None
     assert unpacked.startswith(str(tmp_path / "tmp" / "model-channel-"))
     assert (Path(unpacked) / "model.safetensors").read_bytes() == b"weights"
+
+
+AUTOGROUPS = Path("/proc/sys/kernel/sched_autogroup_enabled")
+
+
+@pytest.mark.skipif(
+    not AUTOGROUPS.exists() or AUTOGROUPS.read_text().strip() != "1", reason="this kernel schedules without autogroups"
+)
+def test_a_niced_process_that_leads_its_session_gives_the_session_its_nice_value():
+    """torchrun starts each worker in a session of its own: a worker that inherited nice 5 holds it for its
+    session's CPU group; a process in a session it did not start leaves that session as it is."""
+    import os
+    import subprocess
+    import sys
+
+    scripts = str(Path(contract.__file__).resolve().parents[1])
+    code = (
+        f"import sys; sys.path.insert(0, {scripts!r}); from common import contract; "
+        "held = contract.hold_nice_value(); print(held, open('/proc/self/autogroup').read().split()[-1])"
+    )
+    base = os.nice(0)
+
+    def run(niceness: int, new_session: bool) -> list[str]:
+        command = ["nice", "-n", str(niceness), sys.executable, "-c", code]
+        return subprocess.run(
+            command, capture_output=True, text=True, check=True, start_new_session=new_session
+        ).stdout.split()
+
+    assert run(5, new_session=True) == ["True", str(min(19, base + 5))]
+    ours = Path("/proc/self/autogroup").read_text().split()[-1]
+    assert run(5, new_session=False) == ["False", ours]  # this test's own session keeps its value
+    assert Path("/proc/self/autogroup").read_text().split()[-1] == ours
