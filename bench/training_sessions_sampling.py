@@ -15,6 +15,9 @@ figures are sampling and not HTTP), for each model:
     layers) against a copy of the model with the adapter merged into its weights
     (``merge_and_unload``, what the engine does once per saved sampler: ``Engine.sampling_model``),
     with the merge's own time beside it;
+  * **prune interval**: notebook 8's step in one pass: 6 GSM8K problems x 6 samples at temperature
+    1, each cut at its first line (the answer), up to 512 tokens, with finished samples dropped every
+    ``PRUNE_INTERVALS`` tokens, the same seeds, hence the same samples;
   * **long tail**: notebook 9's held-out evaluation in one pass: 16 functions to complete x 4
     samples at temperature 1, up to the service's 512 tokens, each ending at its program's closing
     fence. Most answers end within 100 tokens, and a few ramble to the limit. The pass as it is
@@ -48,6 +51,8 @@ SAMPLES, MAX_TOKENS, RANK = 4, 32, 8
 LONG_TAIL_PROBLEMS, LONG_TAIL_MAX_TOKENS, LONG_TAIL_STOP = 16, 512, "\n```\n"
 IN_FLIGHT = (1, 4, 16)
 MERGE_IN_FLIGHT = (1, 16)
+PRUNE_INTERVALS = (32, 16, 8)
+FIRST_LINE_PROBLEMS, FIRST_LINE_SAMPLES = 6, 6
 
 
 def model_path(name: str) -> str:
@@ -165,6 +170,67 @@ def long_tail(model, engine, prune_every: int) -> tuple[float, float, list[int]]
     return sum(lengths) / seconds, seconds, lengths
 
 
+def first_line_pass(model, engine, prune_every: int) -> tuple[float, list[int]]:
+    """(seconds, answer lengths) of notebook 8's step in one pass, finished rows dropped every ``prune_every``."""
+    from common import generation
+    from environments.gsm8k import GSM8KEnvironment
+
+    env = GSM8KEnvironment()
+    examples = env.load(data_dir() / "gsm8k" / "train.jsonl")[:FIRST_LINE_PROBLEMS]
+    batch = [
+        generation.SampleRequest(
+            generation.prompt_token_ids(engine.tokenizer, env.prompt_messages(example)),
+            FIRST_LINE_SAMPLES,
+            LONG_TAIL_MAX_TOKENS,
+            1.0,
+            seed=100 + index,
+            stop=["\n"],
+        )
+        for index, example in enumerate(examples)
+    ]
+    saved, generation.PRUNE_EVERY = generation.PRUNE_EVERY, prune_every
+    try:
+        started = time.perf_counter()
+        with torch.no_grad():
+            answers = generation.sample_requests(model, engine.tokenizer, batch, engine.stop_ids)
+        seconds = time.perf_counter() - started
+    finally:
+        generation.PRUNE_EVERY = saved
+    return seconds, [len(s.tokens) for samples in answers for s in samples]
+
+
+def prune_interval_rows(model, engine, name: str, rounds: int, log=print) -> list[Row]:
+    """Notebook 8's pass with each of ``PRUNE_INTERVALS``, against the first (32), ``rounds`` each."""
+    runs = {every: [] for every in PRUNE_INTERVALS}
+    loads, lengths = [], None
+    for round_index in range(rounds):
+        for every in PRUNE_INTERVALS:
+            load = os.getloadavg()[0]
+            seconds, answer_lengths = first_line_pass(model, engine, every)
+            assert lengths in (None, answer_lengths), "the seeds gave other samples"
+            lengths = answer_lengths
+            runs[every].append(seconds)
+            loads.append((load + os.getloadavg()[0]) / 2)
+            log(
+                f"  prune interval {name}, every {every}, round {round_index + 1}: {seconds:.2f} s (load {loads[-1]:.1f})"
+            )
+    baseline = statistics.median(runs[PRUNE_INTERVALS[0]])
+    return [
+        Row(
+            "sessions: sampling, prune interval",
+            f"{name}, {FIRST_LINE_PROBLEMS} GSM8K problems x {FIRST_LINE_SAMPLES} samples cut at their first line, "
+            f"finished rows dropped every {every}",
+            statistics.median(runs[every]),
+            "s",
+            baseline,
+            f"every {PRUNE_INTERVALS[0]}",
+            notes=f"median of {rounds}; {sum(lengths)} tokens, the longest {max(lengths)}; load "
+            f"{min(loads):.1f}-{max(loads):.1f}",
+        )
+        for every in PRUNE_INTERVALS[1:]
+    ]
+
+
 def timed(run, *args) -> tuple[float, float]:
     """(tokens/s, load average over the run)."""
     load = os.getloadavg()[0]
@@ -252,6 +318,8 @@ def measure(models: list[str], rounds: int = 3, long_tail_rounds: int = 1, log=p
                     f"{min(loads):.1f}-{max(loads):.1f}; the merge itself took {merge_seconds:.2f} s",
                 )
             )
+        if rounds:
+            rows += prune_interval_rows(model, engine, name, rounds, log)
         if long_tail_rounds:
             from common import generation
 
