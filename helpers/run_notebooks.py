@@ -244,14 +244,17 @@ PROFILES = {"tiny": CI_PARAMETERS, "smollm2": SMOLLM2_PARAMETERS}
 # service computes on every core, so the job lane takes the cores the session lane leaves idle. The real
 # model's session notebooks have a budget of their own (15 minutes), and on an equal share they took 24.6
 # (README); the tiny profile's job lane is its longer one (256 s against 135 s), so its lanes share equally.
-# "session_precision": what the session service computes in, bf16 only on a CPU with bf16 instructions.
+# "bf16": the training jobs (CPU_MIXED_PRECISION) and the session service's forward passes
+# (SAGEMAKER_LOCAL_SESSION_PRECISION) compute in bf16, as on GPUs, where the CPU has bf16 instructions
+# (2-2.7x faster there; elsewhere slower, and fp32 is kept). The tiny profile stays exact fp32.
 LANE_SETTINGS = {
-    "tiny": {"sessions_first": False, "session_precision": "fp32"},
-    "smollm2": {"sessions_first": True, "session_precision": "bf16"},
+    "tiny": {"sessions_first": False, "bf16": False},
+    "smollm2": {"sessions_first": True, "bf16": True},
 }
 # The job lane takes the time the session lane leaves idle, and little more: at nice 10 it took 27% of a
 # core while the session service ran at 170% of the two (5 December, SmolLM2's notebook 9).
 JOB_LANE_NICENESS = 19
+CPU_PRECISION_VARIABLE = "CPU_MIXED_PRECISION"  # scripts/common/distributed.py reads it in each job
 
 
 class YieldingKernelManager(KernelManager):
@@ -401,7 +404,12 @@ def run(out: Path, only: list[str] | None = None, cell_timeout: int | None = Non
     # other lane ends: the notebooks that start after it get its cores too.
     set_here = {  # what this run sets, and removes again at its end
         variable: variable not in os.environ
-        for variable in ("OMP_NUM_THREADS", "SAGEMAKER_LOCAL_SESSION_THREADS", sessions.PRECISION_VARIABLE)
+        for variable in (
+            "OMP_NUM_THREADS",
+            "SAGEMAKER_LOCAL_SESSION_THREADS",
+            sessions.PRECISION_VARIABLE,
+            CPU_PRECISION_VARIABLE,
+        )
     }
     cores, running = hostlib.machine_threads(), [len(side_by_side)]
     os.environ.setdefault("OMP_NUM_THREADS", str(max(1, cores // max(1, running[0]))))
@@ -414,8 +422,9 @@ def run(out: Path, only: list[str] | None = None, cell_timeout: int | None = Non
     os.environ.setdefault(
         "SAGEMAKER_LOCAL_SESSION_THREADS", str(cores) if sessions_first else os.environ["OMP_NUM_THREADS"]
     )
-    bf16 = settings["session_precision"] == "bf16" and hostlib.native_bf16()
+    bf16 = settings["bf16"] and hostlib.native_bf16()
     os.environ.setdefault(sessions.PRECISION_VARIABLE, "bf16" if bf16 else "fp32")
+    os.environ.setdefault(CPU_PRECISION_VARIABLE, "bf16" if bf16 else "no")  # the jobs' hosts inherit it
     share_lock = threading.Lock()
 
     def run_side_by_side(lane: list[Path]) -> bool:

@@ -6,7 +6,8 @@ from ``--model_name_or_path`` (a hub id such as ``Qwen/Qwen2.5-0.5B-Instruct`` o
 Precision: trained weights stay fp32 (master weights: bf16 cannot hold updates as small as
 lr * gradient) and compute in bf16 on GPU through ``distributed.autocast`` / FSDP2's mixed
 precision; frozen models (DPO's reference, LoRA's base) are loaded in bf16 on GPU. On CPU
-everything is fp32. The final model is saved in bf16 when trained on GPU, fp32 on CPU.
+everything is fp32 (``CPU_MIXED_PRECISION=bf16`` computes through bf16 autocast with the weights
+still fp32). The final model is saved in bf16 when trained on GPU, fp32 on CPU.
 """
 
 from __future__ import annotations

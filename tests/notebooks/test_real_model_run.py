@@ -136,7 +136,11 @@ def test_session_grpo_on_the_real_model_raises_held_out_accuracy_beyond_its_nois
     gain = held_out["after"] - held_out["before"]
     assert gain >= 0.15 and gain >= 2 * held_out["change_standard_error"], held_out
     assert record["reward"]["last_third"] > record["reward"]["first_third"], record["reward"]
-    assert record["final_metrics"]["clip_fraction"] == 0  # the sampler and the trained model agree
+    # The sampler's log-probs and the trained model's agree: exactly in fp32; in bf16 (the profile's on a CPU
+    # with bf16 instructions: forward_backward in bf16, sampling in fp32) to its rounding, which put 0-2.5%
+    # of a step's tokens outside the ppo clip range and kept the sampler KL within +-0.004.
+    final = record["final_metrics"]
+    assert final["clip_fraction"] <= 0.05 and abs(final["sampler_kl"]) < 0.02, final
 
 
 def test_session_sft_on_the_real_model_lowers_held_out_loss_beyond_its_noise(smollm2_run):

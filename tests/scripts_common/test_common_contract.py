@@ -415,3 +415,24 @@ def test_a_niced_process_that_leads_its_session_gives_the_session_its_nice_value
     ours = Path("/proc/self/autogroup").read_text().split()[-1]
     assert run(5, new_session=False) == ["False", ours]  # this test's own session keeps its value
     assert Path("/proc/self/autogroup").read_text().split()[-1] == ours
+
+
+def test_cpu_mixed_precision_autocasts_on_cpu_only_when_asked(monkeypatch):
+    """Exact fp32 on CPU by default; CPU_MIXED_PRECISION=bf16 computes the products in bf16 with fp32
+    weights, as on GPU; a value it does not know stops the job with the fix."""
+    import torch
+    from common import distributed
+
+    learners = distributed.single_learner("cpu")
+    layer = torch.nn.Linear(8, 8)
+    x = torch.randn(2, 8)
+    monkeypatch.delenv("CPU_MIXED_PRECISION", raising=False)
+    with distributed.autocast(learners):
+        assert layer(x).dtype == torch.float32
+    monkeypatch.setenv("CPU_MIXED_PRECISION", "bf16")
+    with distributed.autocast(learners):
+        assert layer(x).dtype == torch.bfloat16
+    assert layer.weight.dtype == torch.float32
+    monkeypatch.setenv("CPU_MIXED_PRECISION", "fp16")
+    with pytest.raises(UserError, match="CPU_MIXED_PRECISION='fp16': use no .* or bf16"):
+        distributed.autocast(learners)
