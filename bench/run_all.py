@@ -8,7 +8,7 @@ Sections, each in its own process so each peak RSS is its own:
   sessions    training sessions through the SDK v3 vs in-process (``bench.training_sessions``)
   sampling    session sampling tokens/s at 1, 4, 16 requests in flight, batched vs one at a time,
               LoRA unmerged vs merged; tiny and SmolLM2 when installed (``bench.training_sessions_sampling``)
-  precision   the session service's forward_backward and forward in fp32 vs bf16, seconds (``bench.session_precision``)
+  precision   the session service's forward_backward and forward in fp32 vs bf16, seconds (``bench.cpu_precision``)
   time_to_quality  GRPO to a held-out target: grpo.py, LoRA, the session, TRL (``bench.time_to_quality``)
   tinker_peer the session service vs SkyRL's Tinker API server (``bench.tinker_peer``)
   llm_client  judged answers/s through the LLM client at concurrency 1, 4, 16, and its cache (``bench.llm_client``)
@@ -167,9 +167,9 @@ def sampling_rows(quick: bool) -> list[Row]:
 
 
 def precision_rows(quick: bool) -> list[Row]:
-    from bench import session_precision
+    from bench import cpu_precision
 
-    return session_precision.measure(["tiny"] if quick else ["tiny", "smollm2"], rounds=1 if quick else 3)
+    return cpu_precision.measure(["tiny"] if quick else ["tiny", "smollm2"], rounds=1 if quick else 3)
 
 
 def time_to_quality_rows(quick: bool) -> list[Row]:

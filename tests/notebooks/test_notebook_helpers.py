@@ -613,7 +613,7 @@ def test_the_real_model_profile_runs_the_session_lane_first_and_in_bf16(tmp_path
             yielding,
             os.environ["SAGEMAKER_LOCAL_SESSION_THREADS"],
             os.environ[sessions.PRECISION_VARIABLE],
-            os.environ[run_notebooks.CPU_PRECISION_VARIABLE],
+            os.environ.get(run_notebooks.CPU_PRECISION_VARIABLE, "-"),
         )
         return {"notebook": notebook.name, "status": "ok", "seconds": 0.0}
 
@@ -624,18 +624,20 @@ def test_the_real_model_profile_runs_the_session_lane_first_and_in_bf16(tmp_path
         monkeypatch.delenv(variable, raising=False)
     monkeypatch.delenv(run_notebooks.CPU_PRECISION_VARIABLE, raising=False)
     monkeypatch.setattr(run_notebooks.hostlib, "native_bf16", lambda: True)
-    run_notebooks.run(tmp_path / "smollm2", only=["00", "01", "07"], model="smollm2")
-    assert seen["00"][0] is False and seen["01"] == (True, "4", "bf16", "bf16"), seen
-    assert seen["07"] == (False, "4", "bf16", "bf16"), seen
+    run_notebooks.run(tmp_path / "smollm2", only=["00", "01", "04", "07"], model="smollm2")
+    assert seen["00"][0] is False and seen["01"] == (True, "4", "bf16", "no"), seen
+    assert seen["04"] == (True, "4", "bf16", "bf16"), seen  # code RL's jobs compute in bf16, GRPO's and SFT's not
+    assert seen["07"][:3] == (False, "4", "bf16"), seen
     assert sessions.PRECISION_VARIABLE not in os.environ  # put back as the run found it
     assert run_notebooks.CPU_PRECISION_VARIABLE not in os.environ
 
     monkeypatch.setattr(run_notebooks.hostlib, "native_bf16", lambda: False)  # bf16 would be slower there
-    run_notebooks.run(tmp_path / "smollm2-old-cpu", only=["00", "01", "07"], model="smollm2")
-    assert seen["07"] == (False, "4", "fp32", "no"), seen
+    run_notebooks.run(tmp_path / "smollm2-old-cpu", only=["00", "04", "07"], model="smollm2")
+    assert seen["04"] == (True, "4", "fp32", "no") and seen["07"][:3] == (False, "4", "fp32"), seen
 
-    run_notebooks.run(tmp_path / "tiny", only=["00", "01", "07"])
-    assert seen["01"] == (False, "2", "fp32", "no") and seen["07"] == (False, "2", "fp32", "no"), seen
+    run_notebooks.run(tmp_path / "tiny", only=["00", "01", "04", "07"])
+    assert seen["01"] == seen["04"] == (False, "2", "fp32", "no") and seen["07"][:3] == (False, "2", "fp32"), seen
+    assert run_notebooks.CPU_PRECISION_VARIABLE not in os.environ
 
 
 def test_a_yielding_kernel_runs_at_a_lower_priority(tmp_path):

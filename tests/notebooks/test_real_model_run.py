@@ -179,3 +179,16 @@ def test_job_code_rl_on_the_real_model_raises_the_held_out_pass_rate_beyond_its_
     assert held_out["data_set"] == "functions" and held_out["examples"] == PROFILE["04"]["eval_examples"]
     assert held_out["samples_per_example"] == PROFILE["04"]["eval_samples"] and held_out["temperature"] == 1.0
     assert held_out["change"] >= 2 * held_out["change_standard_error"] > 0, held_out
+
+
+def test_only_code_rl_jobs_compute_in_bf16_and_only_on_a_cpu_with_bf16_instructions(smollm2_run):
+    """The profile's bf16_jobs: 04's training job logs that it computed in bf16 (where the CPU has bf16
+    instructions), 03's GRPO job does not (it lost its format reward in bf16)."""
+    from helpers.local_mode.hosts import native_bf16
+
+    logs = smollm2_run.out / "sagemaker-local" / "logs"
+    code_rl = "".join(p.read_text() for p in logs.glob("code-rl-*/*.jsonl"))
+    grpo = "".join(p.read_text() for p in logs.glob("grpo-gsm8k-*/*.jsonl"))
+    assert code_rl and grpo
+    assert ("CPU_MIXED_PRECISION=bf16" in code_rl) == native_bf16()
+    assert "CPU_MIXED_PRECISION=bf16" not in grpo

@@ -1,12 +1,15 @@
-"""Training sessions: the service's compute precision, fp32 against bf16, on this machine's CPU.
+"""fp32 against bf16 on this machine's CPU: the training jobs and the training sessions.
 
-    python -m bench.session_precision [--models tiny smollm2] [--rounds 3] [--threads 1]
+    python -m bench.cpu_precision [--models tiny smollm2] [--rounds 3] [--threads 1]
 
-What ``SAGEMAKER_LOCAL_SESSION_PRECISION`` changes, on the session engine in-process (what the
-endpoint runs), for each model: one cross-entropy ``forward_backward`` and one ``forward`` of
-``DATUMS`` datums of ``LENGTH`` tokens (the size of a DPO or SFT step's micro-batch), seconds, LoRA
-on every linear layer. Sampling is fp32 in both precisions (``Engine.computing`` says why), so it is
-not measured here (``bench.training_sessions_sampling`` does).
+For each model:
+  * **jobs** (``CPU_MIXED_PRECISION``, ``scripts/common/distributed.py``): a full-weight forward and
+    backward of ``JOB_ROWS`` x ``JOB_LENGTH`` tokens under ``distributed.autocast``, and a rollout of
+    ``JOB_ROWS * 6`` completions of ``JOB_NEW_TOKENS`` tokens through ``HFGenerator``, seconds;
+  * **sessions** (``SAGEMAKER_LOCAL_SESSION_PRECISION``, the engine the endpoint runs, in-process):
+    one cross-entropy ``forward_backward`` and one ``forward`` of ``DATUMS`` datums of ``LENGTH``
+    tokens (a DPO or SFT step's micro-batch), LoRA on every linear layer, seconds. Session sampling
+    is fp32 in both precisions (``Engine.computing`` says why), so it is not measured here.
 Every figure is the median of ``rounds`` runs with its min-max spread and the load average (1 min)
 over them. bf16 is faster only on a CPU that multiplies bfloat16 in hardware (the notes say whether
 this one does: AVX512-BF16 or AMX); elsewhere PyTorch converts, and it is slower.
@@ -26,6 +29,7 @@ from bench.tables import Row, format_table
 from bench.training_sessions_sampling import RANK, model_path
 
 DATUMS, LENGTH = 8, 192
+JOB_ROWS, JOB_LENGTH, JOB_NEW_TOKENS = 4, 200, 48
 PRECISIONS = ("fp32", "bf16")
 
 
@@ -66,6 +70,41 @@ def seconds(engine, batch: list[dict], backward: bool) -> float:
     return elapsed
 
 
+def job_seconds(path: str, precision: str, rounds: int) -> dict[str, list[float]]:
+    """Full-weight forward+backward and a rollout under the scripts' own ``distributed.autocast``."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from bench.fixtures import SCRIPTS_DIR
+
+    if str(SCRIPTS_DIR) not in __import__("sys").path:
+        __import__("sys").path.insert(0, str(SCRIPTS_DIR))
+    from common import distributed, generation
+
+    os.environ["CPU_MIXED_PRECISION"] = "bf16" if precision == "bf16" else "no"
+    learners = distributed.single_learner("cpu")
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    generator = generation.HFGenerator(model, tokenizer, learners, max_new_tokens=JOB_NEW_TOKENS, stop_ids=[])
+    vocab = model.config.vocab_size
+    ids = torch.randint(3, vocab, (JOB_ROWS, JOB_LENGTH), generator=torch.Generator().manual_seed(0))
+    prompts = [row[:60].tolist() for row in ids]
+    out = {"forward and backward": [], "rollout": []}
+    for round_index in range(rounds + 1):  # the first round warms up
+        started = time.perf_counter()
+        with distributed.autocast(learners):
+            loss = model(ids).logits.float().log_softmax(-1).mean()
+        loss.backward()
+        model.zero_grad(set_to_none=True)
+        middle = time.perf_counter()
+        torch.manual_seed(round_index)
+        generator.generate(prompts, num_generations=6)
+        if round_index:
+            out["forward and backward"].append(middle - started)
+            out["rollout"].append(time.perf_counter() - middle)
+    os.environ.pop("CPU_MIXED_PRECISION")
+    return out
+
+
 def measure(models: list[str], rounds: int = 3, threads: int = 1, log=print) -> list[Row]:
     from helpers.local_mode.hosts import native_bf16
 
@@ -95,7 +134,29 @@ def measure(models: list[str], rounds: int = 3, threads: int = 1, log=print) -> 
                     f"{figures[precision]['forward'][-1]:.2f} s (load {loads[-1]:.1f})"
                 )
             del engine
+        load = os.getloadavg()[0]
+        jobs = {precision: job_seconds(path, precision, rounds) for precision in PRECISIONS}
+        loads.append((load + os.getloadavg()[0]) / 2)
         notes = f"median of {rounds}; {threads} thread(s); load {min(loads):.1f}-{max(loads):.1f}; {hardware}"
+        for way, case in (
+            ("forward and backward", f"{JOB_ROWS} x {JOB_LENGTH} tokens, all weights"),
+            ("rollout", f"{JOB_ROWS * 6} completions x {JOB_NEW_TOKENS} tokens, HFGenerator"),
+        ):
+            bf16, fp32 = jobs["bf16"][way], jobs["fp32"][way]
+            log(
+                f"  precision {name} job {way}: bf16 {statistics.median(bf16):.2f} s, fp32 {statistics.median(fp32):.2f} s"
+            )
+            rows.append(
+                Row(
+                    "jobs: CPU_MIXED_PRECISION=bf16",
+                    f"{name}, {way} of {case}",
+                    statistics.median(bf16),
+                    "s",
+                    statistics.median(fp32),
+                    "fp32",
+                    notes=f"{notes}; spread {min(bf16):.3g}-{max(bf16):.3g} vs {min(fp32):.3g}-{max(fp32):.3g}",
+                )
+            )
         for way in ("forward_backward", "forward"):
             bf16, fp32 = figures["bf16"][way], figures["fp32"][way]
             rows.append(
@@ -118,7 +179,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--threads", type=int, default=1, help="torch threads (the main job gives the service 1 or 2)")
     args = parser.parse_args()
-    print(format_table(measure(args.models, args.rounds, args.threads), "Training sessions: precision (CPU)"))
+    print(format_table(measure(args.models, args.rounds, args.threads), "fp32 against bf16 (CPU)"))
 
 
 if __name__ == "__main__":
