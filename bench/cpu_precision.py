@@ -26,7 +26,7 @@ import time
 import torch
 
 from bench.tables import Row, format_table
-from bench.training_sessions_sampling import RANK, model_path
+from bench.training_sessions_sampling import RANK, installed
 
 DATUMS, LENGTH = 8, 192
 JOB_ROWS, JOB_LENGTH, JOB_NEW_TOKENS = 4, 200, 48
@@ -111,12 +111,7 @@ def measure(models: list[str], rounds: int = 3, threads: int = 1, log=print) -> 
     torch.set_num_threads(threads)
     hardware = "this CPU multiplies bf16 in hardware" if native_bf16() else "this CPU has no bf16 instructions"
     rows = []
-    for name in models:
-        try:
-            path = model_path(name)
-        except RuntimeError as missing:
-            log(f"  {name}: skipped ({missing})")
-            continue
+    for name, path in installed(models, log):
         figures = {precision: {"forward_backward": [], "forward": []} for precision in PRECISIONS}
         loads = []
         for precision in PRECISIONS:

@@ -158,6 +158,14 @@ def long_tail(model, engine, prune_every: int) -> tuple[float, float, list[int]]
         )
         for index, problem in enumerate(problems)
     ]
+    seconds, lengths = timed_pass(model, engine, batch, prune_every)
+    return sum(lengths) / seconds, seconds, lengths
+
+
+def timed_pass(model, engine, batch: list, prune_every: int) -> tuple[float, list[int]]:
+    """(seconds, answer lengths) of ``batch`` in one pass, finished rows dropped every ``prune_every``."""
+    from common import generation
+
     saved, generation.PRUNE_EVERY = generation.PRUNE_EVERY, prune_every
     try:
         started = time.perf_counter()
@@ -166,8 +174,7 @@ def long_tail(model, engine, prune_every: int) -> tuple[float, float, list[int]]
         seconds = time.perf_counter() - started
     finally:
         generation.PRUNE_EVERY = saved
-    lengths = [len(s.tokens) for samples in answers for s in samples]
-    return sum(lengths) / seconds, seconds, lengths
+    return seconds, [len(s.tokens) for samples in answers for s in samples]
 
 
 def first_line_pass(model, engine, prune_every: int) -> tuple[float, list[int]]:
@@ -188,15 +195,7 @@ def first_line_pass(model, engine, prune_every: int) -> tuple[float, list[int]]:
         )
         for index, example in enumerate(examples)
     ]
-    saved, generation.PRUNE_EVERY = generation.PRUNE_EVERY, prune_every
-    try:
-        started = time.perf_counter()
-        with torch.no_grad():
-            answers = generation.sample_requests(model, engine.tokenizer, batch, engine.stop_ids)
-        seconds = time.perf_counter() - started
-    finally:
-        generation.PRUNE_EVERY = saved
-    return seconds, [len(s.tokens) for samples in answers for s in samples]
+    return timed_pass(model, engine, batch, prune_every)
 
 
 def prune_interval_rows(model, engine, name: str, rounds: int, log=print) -> list[Row]:
@@ -243,15 +242,19 @@ def figure(rates: list[float]) -> tuple[float, str]:
     return statistics.median(rates), f"{min(rates):.3g}-{max(rates):.3g}"
 
 
+def installed(models: list[str], log=print):
+    """(name, path) of each model that is installed; a line for each that is not."""
+    for name in models:
+        try:
+            yield name, model_path(name)
+        except RuntimeError as missing:
+            log(f"  {name}: skipped ({missing})")
+
+
 def measure(models: list[str], rounds: int = 3, long_tail_rounds: int = 1, log=print) -> list[Row]:
     torch.set_num_threads(1)
     rows = []
-    for name in models:
-        try:
-            path = model_path(name)
-        except RuntimeError as missing:
-            log(f"  {name}: skipped ({missing})")
-            continue
+    for name, path in installed(models, log):
         engine = session_engine(path)
         requests = requests_params(engine.tokenizer, max(IN_FLIGHT))
         batched(engine, requests[:2])  # warm-up: first-call allocations and kernel selection

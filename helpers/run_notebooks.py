@@ -244,7 +244,7 @@ PROFILES = {"tiny": CI_PARAMETERS, "smollm2": SMOLLM2_PARAMETERS}
 # service computes on every core, so the job lane takes the cores the session lane leaves idle. The real
 # model's session notebooks have a budget of their own (15 minutes), and on an equal share they took 24.6
 # (README); the tiny profile's job lane is its longer one (256 s against 135 s), so its lanes share equally.
-# "bf16": where the CPU has bf16 instructions (2-2.7x faster there; elsewhere slower, and fp32 is kept), the
+# "bf16": where the CPU has bf16 instructions (1.7-2.6x faster there; elsewhere slower, and fp32 is kept), the
 # session service's forward passes (SAGEMAKER_LOCAL_SESSION_PRECISION) and the training jobs of the notebooks
 # in "bf16_jobs" (CPU_MIXED_PRECISION) compute in bf16, as on GPUs. Only 04's jobs: in the run of
 # 5 December 10:15 UTC code RL learned as well in bf16 in half the time (held-out +0.42 +- 0.08), while GRPO

@@ -8,6 +8,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
 from dataclasses import dataclass
@@ -82,8 +83,7 @@ def setup() -> Learners:
         torch.cuda.set_device(device)
     else:
         device = torch.device("cpu")
-        if cpu_mixed_precision() == "bf16":  # a bad value stops the job here, with the fix
-            log.info("CPU_MIXED_PRECISION=bf16: the model computes in bf16, its weights stay fp32")
+        cpu_mixed_precision()  # a bad value stops the job here, with the fix
     if world_size > 1 and not dist.is_initialized():
         backend = "nccl" if device.type == "cuda" else "gloo"
         dist.init_process_group(backend=backend, device_id=device if device.type == "cuda" else None)
@@ -192,9 +192,10 @@ def gradient_sync(model: torch.nn.Module, enabled: bool):
 
 # On CPU the scripts compute in exact fp32 (the tests' figures, the same on every machine), unless this
 # names bf16: then as on GPU, the products in bf16 and the weights, gradients and optimizer state fp32.
-# On a CPU with bf16 instructions (AVX512-BF16, AMX) SmolLM2's forward and backward ran 2.7x faster and
-# a sampling step 1.6x on one thread; on others PyTorch converts, and it is slower. Local mode's hosts
-# inherit it from the machine: the main job's real-model profile sets it where the CPU has them.
+# On a CPU with bf16 instructions (AVX512-BF16, AMX) SmolLM2's forward and backward ran 2.6x faster and
+# a rollout 1.7x on one thread (``python -m bench.cpu_precision``); on others PyTorch converts, and it is
+# slower. Local mode's hosts inherit it from the machine: the main job's real-model profile sets it for
+# code RL's jobs where the CPU has them.
 CPU_PRECISION_VARIABLE = "CPU_MIXED_PRECISION"
 
 
@@ -214,8 +215,14 @@ def autocast(learners: Learners):
     if learners.device.type == "cuda":
         return torch.autocast("cuda", dtype=torch.bfloat16)
     if cpu_mixed_precision() == "bf16":
+        _say_cpu_bf16()
         return torch.autocast("cpu", dtype=torch.bfloat16)
     return contextlib.nullcontext()
+
+
+@functools.cache
+def _say_cpu_bf16() -> None:
+    log.info("CPU_MIXED_PRECISION=bf16: the model computes in bf16, its weights stay fp32")
 
 
 def all_reduce_sum(value: float | torch.Tensor, learners: Learners) -> torch.Tensor:

@@ -297,9 +297,9 @@ def request_generator(seed: int | None) -> torch.Generator:
 # A pass drops its finished rows every this many tokens. One ``generate`` runs every row until the
 # longest ends: a sample that rambles to its limit (512 tokens at the service's minimum) kept 63
 # finished rows in every step. Between calls, finished rows leave the batch and the KV cache
-# (``Cache.batch_select_indices``); the rest go on from the cache. 16 rather than 32: notebook 8's
-# one-line answers (36 of them, the longest 89 tokens) took 14% less time, 8 little less again
-# (docs/BENCHMARKS.md).
+# (``Cache.batch_select_indices``); the rest go on from the cache. 16 rather than 32: a pass of notebook
+# 8's one-line answers (36) took 4% less time on a quiet machine (the longest 231 tokens) and 14% less
+# beside a running job (the longest 89), 8 hardly less again (docs/BENCHMARKS.md).
 PRUNE_EVERY = 16
 # The cache's name in generate's arguments and output: `cache` in transformers 5 (`past_key_values`,
 # deprecated there), `past_key_values` in 4.x (the training image's 4.56.2).

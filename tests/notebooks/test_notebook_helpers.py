@@ -7,6 +7,7 @@ import json
 import math
 import os
 import textwrap
+import threading
 import time
 
 import pytest
@@ -681,14 +682,16 @@ def test_a_notebook_run_again_replaces_its_jobs_and_the_summary_keeps_the_others
 
     state_file = tmp_path / "work" / "state.json"
     attempt = {"01": 0}
+    state_lock = threading.Lock()  # the two lanes run in threads: one read-modify-write at a time
 
     def fake_execute(notebook, out, work_dir, model, cell_timeout, yielding=False):
-        state = json.loads(state_file.read_text()) if state_file.exists() else {}
-        if notebook.name.startswith("01"):  # the notebook launches a job: it fails the first time
-            attempt["01"] += 1
-            state.setdefault("jobs", []).append({"notebook": notebook.stem, "job_name": f"sft-{attempt['01']}"})
-        state_file.parent.mkdir(parents=True, exist_ok=True)
-        state_file.write_text(json.dumps(state))
+        with state_lock:
+            state = json.loads(state_file.read_text()) if state_file.exists() else {}
+            if notebook.name.startswith("01"):  # the notebook launches a job: it fails the first time
+                attempt["01"] += 1
+                state.setdefault("jobs", []).append({"notebook": notebook.stem, "job_name": f"sft-{attempt['01']}"})
+            state_file.parent.mkdir(parents=True, exist_ok=True)
+            state_file.write_text(json.dumps(state))
         failed = notebook.name.startswith("01") and attempt["01"] == 1
         return {"notebook": notebook.name, "status": "failed" if failed else "ok", "seconds": 1.0,
                 "cell": "cell 3: x", "error": "OSError: No space left on device" if failed else None}  # fmt: skip

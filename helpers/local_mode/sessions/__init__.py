@@ -40,7 +40,7 @@ REPO = Path(__file__).resolve().parents[3]
 # What the sessions' forward and forward_backward compute in. fp32: exact, the same figures on every
 # machine (the tests' and CI's). bf16: the matrix products in bfloat16 with the weights, gradients and
 # optimizer state kept in fp32, as a GPU service computes; on a CPU with bf16 instructions (AVX512-BF16,
-# AMX) SmolLM2's LoRA forward_backward ran 2.0x faster and forward 2.3x (docs/BENCHMARKS.md), on others
+# AMX) SmolLM2's LoRA forward_backward ran 2.0x faster and forward 2.4x (docs/BENCHMARKS.md), on others
 # it is slower.
 # Sampling is fp32 either way (``Engine.computing`` says why).
 PRECISION_VARIABLE = "SAGEMAKER_LOCAL_SESSION_PRECISION"
