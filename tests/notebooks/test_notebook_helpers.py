@@ -655,7 +655,7 @@ def test_a_yielding_kernel_runs_at_a_lower_priority(tmp_path):
     manager.start_kernel(cwd=str(tmp_path))
     client = manager.client()
     client.start_channels()
-    probe = "import os; print(os.nice(0), open('/proc/self/autogroup').read().split()[-1] if os.path.exists('/proc/self/autogroup') else '-')"
+    probe = "import os; print(os.nice(0), ((open('/proc/self/autogroup').read().split() if os.path.exists('/proc/self/autogroup') else []) or ['-'])[-1])"
     try:
         client.wait_for_ready(timeout=120)
         outputs = []
