@@ -356,6 +356,10 @@ def is_session_notebook(notebook: Path) -> bool:
     return notebook.name[:2] in training_sessions.NOTEBOOKS
 
 
+def is_session_lane(lane: list[Path]) -> bool:
+    return all(map(is_session_notebook, lane))
+
+
 def lanes(selected: list[Path]) -> list[list[Path]]:
     """The notebooks as lanes that run side by side once notebook 00 has prepared the data; each lane
     runs in order. The training-job notebooks are one lane: 02-06 start from 01's model, and local
@@ -424,8 +428,7 @@ def run(out: Path, only: list[str] | None = None, cell_timeout: int | None = Non
     cores, running = hostlib.machine_threads(), [len(side_by_side)]
     os.environ.setdefault("OMP_NUM_THREADS", str(max(1, cores // max(1, running[0]))))
     settings = LANE_SETTINGS[model]
-    is_session_lane = {id(lane): all(map(is_session_notebook, lane)) for lane in side_by_side}
-    sessions_first = settings["sessions_first"] and len(side_by_side) > 1 and any(is_session_lane.values())
+    sessions_first = settings["sessions_first"] and len(side_by_side) > 1 and any(map(is_session_lane, side_by_side))
     # The session service computes for the session lane: its share, one thread beside the jobs, or the
     # cores when it runs alone or first (SmolLM2's notebook 08 on 2 cores: 386 s with one thread, 263 s
     # with two).
@@ -439,9 +442,9 @@ def run(out: Path, only: list[str] | None = None, cell_timeout: int | None = Non
 
     def run_side_by_side(lane: list[Path]) -> bool:
         try:
-            return run_lane(lane, yielding=sessions_first and not is_session_lane[id(lane)])
+            return run_lane(lane, yielding=sessions_first and not is_session_lane(lane))
         finally:
-            if is_session_lane[id(lane)]:
+            if is_session_lane(lane):
                 # The session notebooks' endpoint outlives their kernels, as the real service does; the
                 # run's own ends with their lane rather than holding its models while the jobs go on.
                 sessions.stop_service(out / "sagemaker-local")
