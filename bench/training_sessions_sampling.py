@@ -140,26 +140,32 @@ def merged(model, engine, requests) -> int:
 
 def long_tail(model, engine, prune_every: int) -> tuple[float, float, list[int]]:
     """(tokens/s, seconds, answer lengths) of notebook 9's held-out pass, one pass of 64 rows."""
-    from common import generation
     from environments.code import CodeEnvironment
 
     from session_loops import data
 
-    env = CodeEnvironment()
     problems = data.offline_function_problems(LONG_TAIL_PROBLEMS, seed=10_000)
-    batch = [
-        generation.SampleRequest(
-            generation.prompt_token_ids(engine.tokenizer, env.prompt_messages(problem)),
-            SAMPLES,
-            LONG_TAIL_MAX_TOKENS,
-            1.0,
-            seed=12345 + index,
-            stop=[LONG_TAIL_STOP],
-        )
-        for index, problem in enumerate(problems)
-    ]
+    batch = one_pass_requests(engine, CodeEnvironment(), problems, SAMPLES, first_seed=12345, stop=LONG_TAIL_STOP)
     seconds, lengths = timed_pass(model, engine, batch, prune_every)
     return sum(lengths) / seconds, seconds, lengths
+
+
+def one_pass_requests(engine, env, items: list, samples: int, first_seed: int, stop: str) -> list:
+    """A request for each of ``items``: ``samples`` answers at temperature 1, up to the service's 512 tokens,
+    each request seeded (``first_seed``, the next, ...) so that every pass samples the same answers."""
+    from common import generation
+
+    return [
+        generation.SampleRequest(
+            generation.prompt_token_ids(engine.tokenizer, env.prompt_messages(item)),
+            samples,
+            LONG_TAIL_MAX_TOKENS,
+            1.0,
+            seed=first_seed + index,
+            stop=[stop],
+        )
+        for index, item in enumerate(items)
+    ]
 
 
 def timed_pass(model, engine, batch: list, prune_every: int) -> tuple[float, list[int]]:
@@ -179,22 +185,11 @@ def timed_pass(model, engine, batch: list, prune_every: int) -> tuple[float, lis
 
 def first_line_pass(model, engine, prune_every: int) -> tuple[float, list[int]]:
     """(seconds, answer lengths) of notebook 8's step in one pass, finished rows dropped every ``prune_every``."""
-    from common import generation
     from environments.gsm8k import GSM8KEnvironment
 
     env = GSM8KEnvironment()
     examples = env.load(data_dir() / "gsm8k" / "train.jsonl")[:FIRST_LINE_PROBLEMS]
-    batch = [
-        generation.SampleRequest(
-            generation.prompt_token_ids(engine.tokenizer, env.prompt_messages(example)),
-            FIRST_LINE_SAMPLES,
-            LONG_TAIL_MAX_TOKENS,
-            1.0,
-            seed=100 + index,
-            stop=["\n"],
-        )
-        for index, example in enumerate(examples)
-    ]
+    batch = one_pass_requests(engine, env, examples, FIRST_LINE_SAMPLES, first_seed=100, stop="\n")
     return timed_pass(model, engine, batch, prune_every)
 
 
