@@ -360,6 +360,32 @@ def is_session_lane(lane: list[Path]) -> bool:
     return all(map(is_session_notebook, lane))
 
 
+def uses_session_endpoint(notebook: Path) -> bool:
+    """Whether a notebook drives local mode's training-session endpoint: every notebook of the SDK v3
+    kernel does, the training-session notebooks and notebook 11's ModelTrainer job alike (the endpoint
+    answers SDK v3's SageMaker calls), whichever lane it runs in."""
+    return training_sessions.kernel_name(notebook) == training_sessions.SDK_V3_KERNEL
+
+
+class EndpointUsers:
+    """The notebooks of a run that use the session endpoint and have not finished. The endpoint outlives
+    each of them, as the real service outlives a kernel; it stops once none is left to run, whichever lane
+    the last one was in: a lane that ends stops nothing another lane's notebook still uses."""
+
+    def __init__(self, notebooks: list[Path], stop) -> None:
+        self._waiting = set(filter(uses_session_endpoint, notebooks))
+        self._stop = stop  # called once, when the last of them is done
+        self._lock = threading.Lock()
+
+    def done(self, notebooks: list[Path]) -> None:
+        """These notebooks ran, or will not run (their lane ended early)."""
+        with self._lock:
+            stop = bool(self._waiting) and not (self._waiting - set(notebooks))
+            self._waiting -= set(notebooks)
+        if stop:
+            self._stop()
+
+
 def lanes(selected: list[Path]) -> list[list[Path]]:
     """The notebooks as lanes that run side by side once notebook 00 has prepared the data; each lane
     runs in order. The training-job notebooks are one lane: 02-06 start from 01's model, and local
@@ -391,16 +417,30 @@ def run(out: Path, only: list[str] | None = None, cell_timeout: int | None = Non
     if only:
         forget_jobs(state_file, selected)
     number = {notebook: index for index, notebook in enumerate(selected, 1)}
+
+    def stop_endpoint() -> None:
+        sessions.stop_service(out / "sagemaker-local")
+
+    # The session endpoint holds its models from the first notebook that starts it until the last that
+    # uses it has run: its lane is not always the one that ends last (notebook 11's job needs it too).
+    endpoint_users = EndpointUsers(selected, stop_endpoint)
     results = []
     started = time.monotonic()
 
     def run_lane(lane: list[Path], yielding: bool = False) -> bool:
+        try:
+            return run_in_order(lane, yielding)
+        finally:
+            endpoint_users.done(lane)  # those after a failure never run
+
+    def run_in_order(lane: list[Path], yielding: bool) -> bool:
         for notebook in lane:
             print(f"[{number[notebook]}/{len(selected)}] {notebook.name} ...", flush=True)
             if set_here[CPU_PRECISION_VARIABLE] and not is_session_notebook(notebook):
                 # the kernel, and the local-mode hosts of its jobs, inherit it (one job notebook at a time)
                 os.environ[CPU_PRECISION_VARIABLE] = "bf16" if notebook.name[:2] in bf16_jobs else "no"
             entry = execute(notebook, out, work_dir, model, cell_timeout, yielding)
+            endpoint_users.done([notebook])
             results.append(entry)
             line = f"[{number[notebook]}/{len(selected)}] {notebook.name} {entry['status']} ({entry['seconds']:.0f} s)"
             if entry["status"] != "ok":
@@ -444,19 +484,18 @@ def run(out: Path, only: list[str] | None = None, cell_timeout: int | None = Non
         try:
             return run_lane(lane, yielding=sessions_first and not is_session_lane(lane))
         finally:
-            if is_session_lane(lane):
-                # The session notebooks' endpoint outlives their kernels, as the real service does; the
-                # run's own ends with their lane rather than holding its models while the jobs go on.
-                sessions.stop_service(out / "sagemaker-local")
             with share_lock:
                 running[0] -= 1
                 if set_here["OMP_NUM_THREADS"] and running[0]:
                     os.environ["OMP_NUM_THREADS"] = str(max(1, cores // running[0]))
 
-    if run_lane([n for n in selected if n.name.startswith("00")]):
-        with ThreadPoolExecutor(max_workers=max(1, len(side_by_side))) as pool:
-            list(pool.map(run_side_by_side, side_by_side))
-    sessions.stop_service(out / "sagemaker-local")  # a run whose notebook 00 failed may have started it
+    try:
+        if run_lane([n for n in selected if n.name.startswith("00")]):
+            with ThreadPoolExecutor(max_workers=max(1, len(side_by_side))) as pool:
+                list(pool.map(run_side_by_side, side_by_side))
+    finally:
+        # However the run ends (a notebook 00 that failed, an interrupt), no endpoint outlives it.
+        stop_endpoint()
     for variable, ours_to_remove in set_here.items():
         if ours_to_remove:
             os.environ.pop(variable, None)  # this process's own setting again, for a caller that goes on

@@ -12,6 +12,7 @@ import json
 from pathlib import Path
 
 RECORDS_FILE = "training_sessions.json"
+SDK_V3_KERNEL = "sagemaker-sdk-v3"  # the kernel of .venv-sessions, which the Makefile registers
 # The training-session notebooks: each trains through a session and launches no training job.
 NOTEBOOKS = ("07", "08", "09", "10", "12")
 

@@ -572,6 +572,86 @@ def test_lanes_run_side_by_side_after_00_and_a_failure_ends_only_its_lane(tmp_pa
     assert "2 lanes side by side: 01, 02, 03; 07, 08)" in run_notebooks.render_markdown(summary)
 
 
+def test_the_notebooks_of_the_sdk_v3_kernel_use_the_session_endpoint_whichever_lane_they_are_in():
+    from helpers import run_notebooks
+
+    users = [n.name[:2] for n in run_notebooks.notebooks() if run_notebooks.uses_session_endpoint(n)]
+    assert users == ["07", "08", "09", "10", "11", "12"]  # 11 runs in the job lane
+
+
+def test_the_session_endpoint_stops_once_its_last_user_is_done_or_will_not_run():
+    from helpers import run_notebooks
+
+    stops = []
+    notebooks = {n.name[:2]: n for n in run_notebooks.notebooks()}
+    users = run_notebooks.EndpointUsers(list(notebooks.values()), lambda: stops.append(1))
+    users.done([notebooks["01"], notebooks["07"], notebooks["13"]])
+    users.done([notebooks["08"], notebooks["09"], notebooks["10"], notebooks["12"]])  # a lane that failed at 08
+    assert not stops  # 11 has not run yet
+    users.done([notebooks["11"]])
+    users.done([notebooks["11"], notebooks["12"]])  # a lane's end names its notebooks again
+    assert stops == [1]  # once
+
+
+def test_the_session_endpoint_stays_up_while_a_job_lane_notebook_still_uses_it(tmp_path, monkeypatch):
+    """The session lane ends first, deterministically, while notebook 11 (job lane; its ModelTrainer job is
+    answered by the same endpoint) still runs: the endpoint stops only once 11 is done, before 13."""
+    from helpers import run_notebooks
+
+    events = []
+    eleven_started, session_lane_over = threading.Event(), threading.Event()
+
+    class LanesObserved(run_notebooks.ThreadPoolExecutor):  # says when a lane has ended, its clean-up included
+        def map(self, function, lanes):
+            def observed(lane):
+                try:
+                    return function(lane)
+                finally:
+                    if run_notebooks.is_session_lane(lane):
+                        session_lane_over.set()
+
+            return super().map(observed, lanes)
+
+    def fake_execute(notebook, out, work_dir, model, cell_timeout, yielding=False):
+        name = notebook.name[:2]
+        events.append(("start", name))
+        if name == "11":
+            eleven_started.set()
+            events.append(("session lane over while 11 ran", session_lane_over.wait(120)))
+        if name == "07":
+            events.append(("07 ran while 11 ran", eleven_started.wait(120)))
+        events.append(("end", name))
+        return {"notebook": notebook.name, "status": "ok", "seconds": 0.0}
+
+    monkeypatch.setattr(run_notebooks, "execute", fake_execute)
+    monkeypatch.setattr(run_notebooks, "prepare_environment", lambda out: {})
+    monkeypatch.setattr(run_notebooks, "ThreadPoolExecutor", LanesObserved)
+    monkeypatch.setattr(run_notebooks.sessions, "stop_service", lambda root, *args, **kwargs: events.append(("stop",)))
+    summary = run_notebooks.run(tmp_path, only=["00", "07", "11", "13"])
+    assert summary["ok"] and summary["lanes"] == [["11_model_trainer_sft", "13_teacher_and_judge"], ["07_training_session_sft"]]  # fmt: skip
+    assert ("07 ran while 11 ran", True) in events and ("session lane over while 11 ran", True) in events, events
+    first_stop = events.index(("stop",))
+    assert events.index(("end", "11")) < first_stop < events.index(("start", "13")), events
+
+
+def test_an_interrupted_run_stops_the_session_endpoint(tmp_path, monkeypatch):
+    from helpers import run_notebooks
+
+    stops = []
+
+    def fake_execute(notebook, out, work_dir, model, cell_timeout, yielding=False):
+        if notebook.name.startswith("11"):
+            raise KeyboardInterrupt  # Ctrl-C while a job-lane notebook uses the endpoint
+        return {"notebook": notebook.name, "status": "ok", "seconds": 0.0}
+
+    monkeypatch.setattr(run_notebooks, "execute", fake_execute)
+    monkeypatch.setattr(run_notebooks, "prepare_environment", lambda out: {})
+    monkeypatch.setattr(run_notebooks.sessions, "stop_service", lambda root, *args, **kwargs: stops.append(root))
+    with pytest.raises(KeyboardInterrupt):
+        run_notebooks.run(tmp_path, only=["00", "11"])
+    assert stops and set(stops) == {tmp_path.resolve() / "sagemaker-local"}
+
+
 def test_each_lane_and_the_session_service_get_their_share_of_the_cores(tmp_path, monkeypatch):
     from helpers import run_notebooks
 
