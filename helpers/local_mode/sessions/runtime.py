@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 
 from ...artifacts import split_s3
 from ..validation import ServiceError
+from . import chat
 from . import engine as engine_module
 
 if TYPE_CHECKING:
@@ -216,6 +217,12 @@ class Runtime:
                 raise ServiceError("ValidationException", str(error)) from None
         if kind == "loadState":
             self.control_plane.package(config["modelPackageArn"])
+        if kind in ("saveWeights", "saveState") and not live.detail.get("ModelPackageGroupArn"):
+            raise ServiceError(
+                "ValidationException",
+                f"Training session {live.name} has no ModelPackageGroupArn: {kind} registers what it saves as a "
+                "model package in that group. Create a group (CreateModelPackageGroup) and a session that names it.",
+            )
         operation = live.submit_training(request["sequenceNumber"], request.get("clientToken"), kind, config)
         return {"operationId": operation.id}
 
@@ -298,6 +305,44 @@ class Runtime:
             "SampleTokenCount": sum(len(s["tokens"]) for s in samples),
         }
         return result, usage
+
+    def sample_chat(self, name: str, body: bytes, content_type: str | None, package_arn: str | None):
+        """SampleTrainingSession[WithResponseStream]: the chat body answered by the session's model as it
+        is now, or by the saved model package ``package_arn`` names. Returns (content type, the answer's
+        parts): one part, or a chat.completion.chunk event per part when the body asks to stream."""
+        live = self._live(name)
+        request = chat.read_chat_request(body, content_type)
+        engine, adapter = live.engine, engine_module.OWN_ADAPTER
+        if package_arn:
+            package = self.control_plane.package(package_arn)
+            adapter = self._adapter_of(package)
+            if package["_lora"]["Rank"] != live.detail["LoraConfig"]["Rank"]:
+                engine = self._package_engine(live, package)
+        tokens = chat.prompt_tokens(engine.tokenizer, request["messages"])
+        if len(tokens) >= live.context:
+            raise ServiceError(
+                "ValidationException",
+                f"The model could not read the request body: the messages take {len(tokens)} tokens, and the "
+                f"model's context of {live.context} leaves no room for an answer. Send fewer or shorter messages.",
+            )
+        params = chat.sampling_params(request)
+        params["maxTokens"] = min(params["maxTokens"], live.context - len(tokens))  # the context's room, as vLLM
+        try:
+            samples = engine.sample(tokens, request["n"], params, adapter)
+        except engine_module.InputError as error:
+            raise ServiceError("ValidationException", f"The model could not read the request body: {error}") from None
+        self.control_plane.bill(
+            live,
+            {
+                "PrefillTokenCount": len(tokens) * request["n"],
+                "SampleTokenCount": sum(len(s["tokens"]) for s in samples),
+            },
+        )
+        model = request["model"] or live.detail["ModelConfig"]["BaseModelArn"]
+        answer = chat.completion(request, samples, engine.tokenizer, model, len(tokens))
+        if request["stream"]:
+            return "text/event-stream", chat.stream_events(answer, engine.tokenizer, samples)
+        return "application/json", iter([json.dumps(answer).encode()])
 
     def _package_engine(self, live: LiveSession, package: dict) -> engine_module.Engine:
         cached = live.package_engines.get(package["ModelPackageArn"])

@@ -74,6 +74,9 @@ RUNTIME_OPERATIONS = {
     "ExecuteSamplingOperation": "execute_sampling_operation",
     "GetSamplingOperationResult": "sampling_operation_result",
 }
+# The body goes to the model as it is (chat.py reads it); the answer comes back in parts, streamed by
+# the second.
+CHAT_OPERATIONS = ("SampleTrainingSession", "SampleTrainingSessionWithResponseStream")
 _SIGNED_SERVICE = re.compile(r"Credential=[^/]+/[^/]+/[^/]+/([^/]+)/aws4_request")
 # AWS's JSON services read Java integers and longs: a number outside their range is not one.
 INTEGER_RANGES = {"integer": (-(2**31), 2**31 - 1), "long": (-(2**63), 2**63 - 1)}
@@ -387,7 +390,7 @@ class Endpoint:
             return json_error(error.status, error.code, error.message)
 
     # ---- runtime (REST-JSON)
-    def runtime(self, method: str, path: str, body: bytes) -> tuple[int, dict, bytes] | None:
+    def runtime(self, method: str, path: str, body: bytes, headers=None) -> tuple[int, dict, bytes] | None:
         found = next(
             (
                 (operation, match)
@@ -400,12 +403,19 @@ class Endpoint:
             return None
         operation, match = found
         try:
-            if operation not in RUNTIME_OPERATIONS:
-                raise ServiceError(
-                    "ValidationException",
-                    f"{operation} sends a request body to the model as is; the local endpoint "
-                    "serves the operation API (ExecuteSamplingOperation) instead.",
+            if operation in CHAT_OPERATIONS:
+                headers = headers or {}
+                name = unquote(match["trainingSessionName"])
+                check_shape(
+                    {"trainingSessionName": name, "body": body},
+                    service_model(RUNTIME).operation_model(operation).input_shape,
                 )
+                content_type, parts = self.runtime_api.sample_chat(
+                    name, body, headers.get("Content-Type"), headers.get("X-Amzn-SageMaker-Model-Package")
+                )
+                if operation == "SampleTrainingSession":
+                    parts = b"".join(parts)
+                return 200, {"Content-Type": content_type}, parts
             shape = service_model(RUNTIME).operation_model(operation).input_shape
             # Members bound to the URI are read from it only: a body cannot name another session.
             in_uri = {n for n, m in shape.members.items() if m.serialization.get("location")}
@@ -507,7 +517,7 @@ class Handler(BaseHTTPRequestHandler):
             if answer is None and target.startswith("SageMaker."):
                 answer = self.endpoint.control_plane(target, body)
             elif answer is None and (service == "sagemaker" or is_runtime):
-                answer = self.endpoint.runtime(self.command, urlsplit(self.path).path, body)
+                answer = self.endpoint.runtime(self.command, urlsplit(self.path).path, body, self.headers)
             if answer is None:
                 answer = self.endpoint.aws_service(service or "s3", self.command, self.path, dict(self.headers), body)
         except Exception:  # noqa: BLE001 - a fault of the endpoint, not of the request
@@ -528,6 +538,14 @@ class Handler(BaseHTTPRequestHandler):
         for key, value in headers.items():
             self.send_header(key, value)
         self.send_header("x-amzn-RequestId", str(uuid.uuid4()))
+        if not isinstance(out, bytes):  # a streamed answer: each part as it comes, in HTTP/1.1 chunks
+            self.send_header("Transfer-Encoding", "chunked")
+            self.end_headers()
+            for part in out:
+                self.wfile.write(b"%x\r\n%s\r\n" % (len(part), part))
+                self.wfile.flush()
+            self.wfile.write(b"0\r\n\r\n")
+            return
         self.send_header("Content-Length", str(0 if self.command == "HEAD" else len(out)))
         self.end_headers()
         if self.command != "HEAD":
