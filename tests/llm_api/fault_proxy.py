@@ -11,6 +11,13 @@ used up) and the proxy records what it did, so a test can count exactly what the
 - ``"400"``: 400 Bad Request (not retryable);
 - ``"reply:<text>"``: 200 with a well-formed completion whose answer is ``<text>`` (a judge's answer
   the tiny model could not write, to test how answers are parsed);
+- ``"usage:<json>"``: 200 with a completion (answer ``"ok"``) whose ``usage`` is ``<json>`` (``null``,
+  ``{"prompt_tokens": null, ...}``, ...), or that has no ``usage`` at all for ``usage:absent``;
+- ``"trickle"``: 200 with a well-formed completion sent one byte every ``trickle_s`` seconds (a server
+  that holds a request open without ever going quiet for a whole read timeout);
+- ``"401:<how>"``: 401 whose message echoes the request's bearer key, as providers do: ``full`` (the
+  whole key), ``masked`` (its first 8 and last 4 characters around asterisks), ``dots`` (first 6 and
+  last 4 around "..."), ``head`` (its first 10), ``tail`` (its last 8);
 - ``"pass"``: forwards the request to the server.
 """
 
@@ -24,12 +31,32 @@ import urllib.request
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 
+def completion(text: str) -> dict:
+    """A well-formed chat completion answering ``text``, with 10 prompt and 5 completion tokens."""
+    return {
+        "id": "x",
+        "object": "chat.completion",
+        "created": 0,
+        "model": "m",
+        "choices": [{"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": text}}],
+        "usage": {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15},
+    }
+
+
 class FaultProxy:
-    def __init__(self, upstream: str, faults: list[str], retry_after: float = 1.0, hang_s: float = 5.0):
+    def __init__(
+        self,
+        upstream: str,
+        faults: list[str],
+        retry_after: float = 1.0,
+        hang_s: float = 5.0,
+        trickle_s: float = 0.3,
+    ):
         self.upstream = upstream.rstrip("/")  # http://127.0.0.1:<port>
         self.faults = list(faults)
         self.retry_after = retry_after
         self.hang_s = hang_s
+        self.trickle_s = trickle_s
         self.log: list[tuple[str, float]] = []  # (what was done, when)
         self.bodies: list[dict] = []  # every request body received
         self.headers: list[dict] = []
@@ -50,21 +77,27 @@ class FaultProxy:
                 if fault == "429":
                     self._answer(429, b'{"error": {"message": "slow down"}}', {"Retry-After": str(proxy.retry_after)})
                 elif fault.startswith("reply:"):
-                    payload = {
-                        "id": "x",
-                        "object": "chat.completion",
-                        "created": 0,
-                        "model": "m",
-                        "choices": [
-                            {
-                                "index": 0,
-                                "finish_reason": "stop",
-                                "message": {"role": "assistant", "content": fault.removeprefix("reply:")},
-                            }
-                        ],
-                        "usage": {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15},
-                    }
+                    self._answer(200, json.dumps(completion(fault.removeprefix("reply:"))).encode())
+                elif fault.startswith("usage:"):
+                    payload = completion("ok")
+                    if fault == "usage:absent":
+                        del payload["usage"]
+                    else:
+                        payload["usage"] = json.loads(fault.removeprefix("usage:"))
                     self._answer(200, json.dumps(payload).encode())
+                elif fault == "trickle":
+                    self._trickle(json.dumps(completion("slow")).encode())
+                elif fault.startswith("401:"):
+                    key = self.headers.get("authorization", "").removeprefix("Bearer ")
+                    echo = {
+                        "full": key,
+                        "masked": key[:8] + "*" * 20 + key[-4:],
+                        "dots": key[:6] + "..." + key[-4:],
+                        "head": key[:10],
+                        "tail": key[-8:],
+                    }[fault.removeprefix("401:")]
+                    said = f"Incorrect API key provided: {echo}. You can find your API key in your account."
+                    self._answer(401, json.dumps({"error": {"message": said, "code": "invalid_api_key"}}).encode())
                 elif fault == "400":
                     self._answer(400, b'{"error": {"message": "unknown model"}}')
                 elif fault == "500":
@@ -86,6 +119,20 @@ class FaultProxy:
                             self._answer(response.status, response.read())
                     except urllib.error.HTTPError as error:
                         self._answer(error.code, error.read())
+
+            def _trickle(self, body: bytes):
+                try:
+                    self.send_response(200)
+                    self.send_header("content-type", "application/json")
+                    self.send_header("content-length", str(len(body)))
+                    self.end_headers()
+                    self.wfile.flush()
+                    for i in range(len(body)):
+                        self.wfile.write(body[i : i + 1])
+                        self.wfile.flush()
+                        time.sleep(proxy.trickle_s)
+                except (BrokenPipeError, ConnectionResetError):
+                    pass  # the client gave up: what a deadline is for
 
             def _answer(self, status: int, body: bytes, headers: dict | None = None):
                 try:
