@@ -59,6 +59,7 @@ REGISTRY: dict[str, tuple[str, str]] = {
     "gsm8k": ("gsm8k", "GSM8KEnvironment"),
     "code": ("code", "CodeEnvironment"),
     "llm_judge": ("llm_judge", "LLMJudgeEnvironment"),
+    "python_tool": ("python_tool", "PythonToolEnvironment"),
 }
 
 

@@ -1,0 +1,137 @@
+"""GSM8K with a Python tool: the model may run a program in the sandbox, read what it printed, and answer.
+
+A turn that holds a closed ```python block and no final ``#### <n>`` line calls the tool: the sandbox
+runs the block under code RL's limits (``sandbox.Sandbox``: CPU and wall time, memory, output, no
+files, no network, no processes), and what it printed, or the error, or the limit it hit, comes back
+as a tool turn. Any other turn is the final answer, scored by the GSM8K checker
+(``environments/gsm8k.py``). ``common/episodes.py`` runs the turns, token in and token out.
+
+Rewards, per episode:
+- answered: the checker's reward (1 for the right value) and ``format_reward`` (the ``#### <n>`` line);
+- stopped at the turn cap or by the context: 0, with the reason in ``end_reason``;
+- shaping, off by default: ``tool_error_penalty`` per failed tool call, ``tool_call_cost`` per call.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+from collections import Counter
+
+from .gsm8k import GSM8KEnvironment, has_final_line
+
+SYSTEM_PROMPT = (
+    "You are a helpful assistant with a Python tool. To compute something, write one ```python code "
+    "block that prints the result, and stop: its output comes back to you. When you know the answer, end "
+    "with '#### <answer>'."
+)
+_PYTHON_BLOCK = re.compile(r"```python[^\n]*\n(.*?)```", re.DOTALL)
+# What the model reads when a call fails, by the sandbox's verdict: what happened, never the machinery.
+STOPPED = {
+    "time_limit": "Stopped: the program ran past its time limit of {time:g} s.",
+    "memory_limit": "Stopped: the program used more than its {memory} MB of memory.",
+    "output_limit": "Stopped: the program printed more than the tool reads.",
+    "sandbox_violation": "Stopped: the program tried what the tool does not allow (files, network, processes).",
+    "judge_error": "The tool could not run the program.",
+}
+
+
+class PythonToolEnvironment:
+    """The GSM8K problems with a Python tool (see the module docstring). ``sandbox`` is a started
+    ``sandbox.Sandbox`` (its limits are the tool's), or None to start one at the first call."""
+
+    name = "python_tool"
+
+    def __init__(
+        self,
+        sandbox=None,
+        reply_chars: int = 600,
+        tool_error_penalty: float = 0.0,
+        tool_call_cost: float = 0.0,
+    ):
+        if reply_chars < 1 or tool_error_penalty < 0 or tool_call_cost < 0:
+            raise ValueError(
+                f"reply_chars ({reply_chars}) must be >= 1, and tool_error_penalty ({tool_error_penalty}) and "
+                f"tool_call_cost ({tool_call_cost}) >= 0 (0: no shaping)"
+            )
+        self._sandbox, self.reply_chars = sandbox, reply_chars
+        self.tool_error_penalty, self.tool_call_cost = tool_error_penalty, tool_call_cost
+        self.gsm8k = GSM8KEnvironment()
+        self._lock = threading.Lock()
+        self._verdicts: Counter[str] = Counter()  # since the last step_metrics()
+
+    @property
+    def sandbox(self):
+        with self._lock:
+            if self._sandbox is None:
+                from sandbox import Sandbox
+
+                self._sandbox = Sandbox(workers=1).start()
+            return self._sandbox
+
+    def close(self) -> None:
+        if self._sandbox is not None:
+            self._sandbox.close()
+
+    def load(self, path) -> list[dict]:
+        return self.gsm8k.load(path)
+
+    def prompt_messages(self, example: dict) -> list[dict]:
+        return [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": example["question"]}]
+
+    def tool_call(self, text: str) -> str | None:
+        """The program a turn asks to run (its last closed python block), or None: a turn with a final
+        ``#### <n>`` line, or without a program, is the answer."""
+        if has_final_line(text):
+            return None
+        blocks = _PYTHON_BLOCK.findall(text)
+        return blocks[-1] if blocks and blocks[-1].strip() else None
+
+    def run_tool(self, program: str) -> tuple[str, bool]:
+        """The tool's reply to ``program`` and whether the call failed. A program's own error is a reply
+        like any other (the model reads its traceback's last lines); nothing here raises."""
+        from sandbox.judge import classify
+
+        limits = self.sandbox.limits
+        answer, stdout, stderr, result = self.sandbox.run_one(program, "", "stdin", None, limits)
+        verdict = classify(answer, stdout, result, {"output": ""}, {"testtype": "stdin"}, limits).verdict
+        with self._lock:
+            self._verdicts[verdict] += 1
+        if verdict in ("accepted", "wrong_answer"):  # it ran to its end; what it printed is the reply
+            printed = stdout.decode("utf-8", "replace").strip()
+            return self._cut(printed or "(the program printed nothing: print the result)"), False
+        if verdict == "runtime_error":
+            lines = stderr.decode("utf-8", "replace").strip().splitlines()
+            return self._cut("Error:\n" + "\n".join(lines[-3:])), True
+        return STOPPED[verdict].format(time=limits.time_limit, memory=limits.memory_mb), True
+
+    def _cut(self, text: str) -> str:
+        return text if len(text) <= self.reply_chars else text[: self.reply_chars] + "\n[... output cut]"
+
+    def score_episodes(self, examples: list[dict], episodes: list) -> list[dict]:
+        """One score per episode (``common.episodes.Episode``): the checker's on the final answer of an
+        answered episode, 0 for one the turn cap or the context stopped; shaping when asked for."""
+        scores = []
+        for example, episode in zip(examples, episodes, strict=True):
+            calls = len(episode.tool_replies)
+            if episode.end_reason == "answered":
+                score = self.gsm8k.score([example], [episode.final_text])[0]
+            else:
+                score = {"reward": 0.0, "correct": False, "format_reward": 0.0, "extracted": None}
+            score["reward"] -= self.tool_error_penalty * episode.tool_failures + self.tool_call_cost * calls
+            score.update(
+                tool_calls=calls,
+                tool_failures=episode.tool_failures,
+                turns=len(episode.turns),
+                end_reason=episode.end_reason,
+            )
+            scores.append(score)
+        return scores
+
+    def step_metrics(self) -> dict[str, float]:
+        """The tool calls since the previous call, by how they ended."""
+        with self._lock:
+            verdicts, self._verdicts = self._verdicts, Counter()
+        calls = sum(verdicts.values())
+        ran = verdicts["accepted"] + verdicts["wrong_answer"]
+        return {"tool_calls": float(calls), "tool_failure_rate": (calls - ran) / calls if calls else 0.0}
