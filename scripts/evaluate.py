@@ -11,7 +11,9 @@ standard error is over examples (one example's answers are not independent). Pri
 
     step=0 accuracy=0.4312 standard_error=0.0136 mean_reward=0.4312 n=1319
 
-and writes ``evaluation.json`` (accuracy, mean reward, n and one record per example) to
+and writes ``evaluation.json`` (accuracy, mean reward, n, one record per example with the answer its
+completion gives, and ``answer_diversity``: how many distinct answers, the most common one's share, from
+which ``common.stats.collapsed`` tells a collapse) to
 ``SM_OUTPUT_DATA_DIR`` and to ``SM_MODEL_DIR`` (so it is in the job's model.tar.gz as well).
 
 By hand:
@@ -132,8 +134,10 @@ def evaluate(args: EvaluateArgs, learners, env) -> None:
             shown = {key: value for key, value in example.items() if key != "tests"}
             record = {"index": start + offset, "example": shown, "completion": completions[mine[0]], **scores[mine[0]]}
             record["accuracy"] = sum(right) / k
+            record["answer"] = stats.given_answer(completions[mine[0]], scores[mine[0]])
             if k > 1:  # the first answer's fields above, every answer's here
                 record["completions"] = [completions[i] for i in mine]
+                record["answers"] = [stats.given_answer(completions[i], scores[i]) for i in mine]
                 record["rights"] = right
                 record["rewards"] = [float(scores[i]["reward"]) for i in mine]
             records.append(record)
@@ -156,6 +160,8 @@ def evaluate(args: EvaluateArgs, learners, env) -> None:
         "stop": args.stop,
         "max_new_tokens": args.max_new_tokens,
         "seconds": round(time.perf_counter() - started, 2),
+        # a figure that rose because most answers became one answer is a collapse, not learning
+        "answer_diversity": stats.answer_diversity([a for r in records for a in r.get("answers", [r["answer"]])]),
         "records": records,
     }
     for folder in (contract.output_data_dir(), contract.model_dir()):
@@ -164,11 +170,12 @@ def evaluate(args: EvaluateArgs, learners, env) -> None:
     with open(contract.output_data_dir() / "metrics.jsonl", "a") as handle:
         handle.write(json.dumps({"step": 0, **figures}) + "\n")
     log.info(
-        "accuracy %.4f +- %.4f on %d examples x %d answers, written to %s",
+        "accuracy %.4f +- %.4f on %d examples x %d answers (%s), written to %s",
         accuracy,
         standard_error,
         len(records),
         k,
+        stats.describe_answers(result["answer_diversity"]),
         contract.output_data_dir() / "evaluation.json",
     )
 

@@ -1,4 +1,6 @@
-"""Held-out figures with their noise: a mean with its standard error, and a paired change.
+"""Held-out figures with their noise: a mean with its standard error, and a paired change; the answers
+behind them: how many distinct answers a model gave, whether they collapsed into one, and so whether a
+change counts as a gain.
 
 Torch-free, so the job scripts (``common.stats``), the session loops and the notebook helpers
 (``scripts.common.stats``) share one definition.
@@ -7,6 +9,7 @@ Torch-free, so the job scripts (``common.stats``), the session loops and the not
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Sequence
 
 
@@ -28,3 +31,111 @@ def paired_change(before: Sequence[float], after: Sequence[float]) -> tuple[floa
     if len(before) != len(after):
         raise ValueError(f"a paired change needs the same items before and after, got {len(before)} and {len(after)}")
     return mean_and_standard_error([a - b for a, b in zip(after, before, strict=True)])
+
+
+# --------------------------------------------------------------------------- answers: learned or collapsed
+
+# A held-out figure can rise without learning: a model that gives one answer to every problem scores the
+# share of problems whose reference is that answer (GSM8K's references are small numbers, and several
+# problems share one). The rule: when more than this share of the evaluated answers is one answer, the
+# model has collapsed ("most answers are one answer"), and no change of its figure counts as a gain.
+COLLAPSE_SHARE = 0.5
+# A change counts as a gain only beyond this many of its (paired) standard errors, and without collapse.
+GAIN_STANDARD_ERRORS = 2.0
+
+
+def given_answer(completion: str, score: dict) -> str | None:
+    """The answer a completion gives, as ``answer_diversity`` counts it; None when it gives none.
+
+    - GSM8K (its checker reads a final number, ``extracted`` in the score): that number as the checker read
+      it, without surrounding white space;
+    - code (the judge's ``verdict``): the program the judge ran (the completion's last fenced block,
+      ``environments.code.extract_program``), each line without trailing white space and blank lines left
+      out; None for ``no_code``. Two answers are one when their programs are, whatever prose surrounds them;
+    - any other environment: the completion, its runs of white space made one space.
+    """
+    if "extracted" in score:
+        return None if score["extracted"] is None else str(score["extracted"]).strip()
+    if "verdict" in score:
+        from environments.code import extract_program  # scored where scripts/ is on the path: jobs, session loops
+
+        program = extract_program(completion)
+        if program is None:
+            return None
+        return "\n".join(line.rstrip() for line in program.splitlines() if line.strip())
+    return " ".join(completion.split()) or None
+
+
+def answer_diversity(answers: Sequence[str | None]) -> dict:
+    """How many distinct answers a model gave to an evaluation, and how much of it its most common answer
+    is: ``answers`` (evaluated: every answer to every problem), ``no_answer`` (None: no final number, no
+    program), ``distinct_answers`` (among the given ones), ``most_common_answer`` (None when none was
+    given), ``most_common_count`` and ``most_common_share`` (of all the evaluated answers)."""
+    if not answers:
+        raise ValueError("answer_diversity needs at least one answer")
+    given = Counter(answer for answer in answers if answer is not None)
+    top, count = given.most_common(1)[0] if given else (None, 0)
+    return {
+        "answers": len(answers),
+        "no_answer": len(answers) - sum(given.values()),
+        "distinct_answers": len(given),
+        "most_common_answer": top,
+        "most_common_count": count,
+        "most_common_share": count / len(answers),
+    }
+
+
+def collapsed(diversity: dict) -> bool:
+    """Whether most of the evaluated answers are one answer (``COLLAPSE_SHARE``)."""
+    return diversity["most_common_share"] > COLLAPSE_SHARE
+
+
+def _shown(answer: str, width: int = 40) -> str:
+    return repr(answer if len(answer) <= width else answer[:width] + "...")
+
+
+def describe_answers(diversity: dict) -> str:
+    """'32 answers, 14 distinct; the most common, '18', 5 of 32' (and how many gave no answer), or
+    'collapsed: 32 of 32 answers are '2''."""
+    n, top, count = diversity["answers"], diversity["most_common_answer"], diversity["most_common_count"]
+    if collapsed(diversity):
+        return f"collapsed: {count} of {n} answers are {_shown(top)}"
+    text = f"{n} answers, {diversity['distinct_answers']} distinct"
+    if top is not None:
+        text += f"; the most common, {_shown(top)}, {count} of {n}"
+    if diversity["no_answer"]:
+        text += f"; {diversity['no_answer']} without an answer"
+    return text
+
+
+def describe_answers_before_and_after(before: dict | None, after: dict | None) -> str | None:
+    """'answers before: ...; after: ...' (``describe_answers`` of each that was counted), or None."""
+    shown = [f"{label}: {describe_answers(d)}" for label, d in (("before", before), ("after", after)) if d is not None]
+    return "answers " + "; ".join(shown) if shown else None
+
+
+def counts_as_gain(change: float, standard_error: float, after: dict | None) -> bool:
+    """A change counts as a gain when it is beyond ``GAIN_STANDARD_ERRORS`` of its standard error (which must
+    be measured: above 0) and the trained model's answers (``after``, ``answer_diversity``) did not collapse.
+    ``after`` None: an evaluation from before answers were counted, which cannot show that."""
+    return (
+        after is not None
+        and standard_error > 0
+        and change > GAIN_STANDARD_ERRORS * standard_error
+        and not collapsed(after)
+    )
+
+
+def judge_change(change: float, standard_error: float, after: dict | None) -> str:
+    """What a paired change means, in words: its size in standard errors, then whether it counts as a gain
+    (``counts_as_gain``), and if not, why."""
+    size = f"{change / standard_error:+.1f} standard errors" if standard_error else "no spread to measure it against"
+    if after is not None and collapsed(after):
+        return f"{size}; {describe_answers(after)}, not counted as a gain"
+    if counts_as_gain(change, standard_error, after):
+        return f"{size}: a gain"
+    if after is None:
+        return f"{size}; the evaluation did not count its answers (an older one), not counted as a gain"
+    if standard_error and change < -GAIN_STANDARD_ERRORS * standard_error:
+        return f"{size}: a loss"
+    return f"{size}: within {GAIN_STANDARD_ERRORS:g} standard errors, not a gain"

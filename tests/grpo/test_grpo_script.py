@@ -404,6 +404,15 @@ def test_sampled_evaluation_draws_the_same_answers_whatever_the_batch_size(tiny_
         [r["accuracy"] for r in one["records"]]
     )
     assert one["samples_per_example"] == 3 and one["temperature"] == 1.0
+    # every answer counted: the number GSM8K's checker read from each completion, None where it read none
+    from environments.gsm8k import extract_answer
+
+    for record in one["records"]:
+        read = [extract_answer(c) for c in record["completions"]]
+        assert record["answers"] == [None if a is None else a.strip() for a in read]
+        assert record["answer"] == record["answers"][0]
+    assert one["answer_diversity"] == stats.answer_diversity([a for r in one["records"] for a in r["answers"]])
+    assert one["answer_diversity"]["answers"] == 15
 
 
 def test_evaluate_code_environment_judges_in_the_sandbox(tiny_model_path, offline_data, tmp_path):
@@ -429,4 +438,14 @@ def test_evaluate_code_environment_judges_in_the_sandbox(tiny_model_path, offlin
     result = json.loads((tmp_path / "model" / "evaluation.json").read_text())
     # the tiny model writes no program, and the verdict says so
     assert [r["verdict"] for r in result["records"]] == ["no_code", "no_code"]
+    # no program is no answer: nothing to count, and nothing collapsed into one
+    assert [r["answer"] for r in result["records"]] == [None, None]
+    assert result["answer_diversity"] == {
+        "answers": 2,
+        "no_answer": 2,
+        "distinct_answers": 0,
+        "most_common_answer": None,
+        "most_common_count": 0,
+        "most_common_share": 0.0,
+    }
     assert all("tests" not in r["example"] and r["total"] == 4 for r in result["records"])
