@@ -46,16 +46,17 @@ from __future__ import annotations
 import logging
 import sys
 from dataclasses import dataclass
+from typing import Literal
 
 import torch
 import torch.nn.functional as F
-from common import checkpoints, contract, data, distributed, metrics, models
+from common import checkpoints, contract, data, distributed, lm_loss, metrics, models
 from common.contract import UserError, option
+from common.lm_loss import IGNORE_INDEX  # label of positions that carry no loss (prompt, padding)
 from transformers import get_cosine_schedule_with_warmup
 
 log = logging.getLogger("sft")
 
-IGNORE_INDEX = -100  # label of positions that carry no loss (prompt, padding)
 ROLES = ("system", "user", "assistant")
 
 
@@ -74,6 +75,18 @@ class SFTArgs(contract.TrainingArgs):
     gradient_checkpointing: bool = option(
         False, "recompute activations in the backward pass to save memory; always on with --strategy fsdp"
     )
+    activation_checkpointing: Literal["full", "selective"] = option(
+        "full",
+        "where activations are recomputed (with --strategy fsdp or --gradient_checkpointing): full = "
+        "each decoder layer from its input; selective = keep the outputs of its matrix products and "
+        "attention too and recompute only the elementwise ops and norms (more memory, little recomputation)",
+    )
+    loss_chunk_tokens: int = option(
+        0,
+        "compute the LM head and its cross-entropy this many target tokens at a time, recomputing "
+        "each chunk in the backward pass, so the full logits (tokens x vocabulary, several fp32 "
+        "copies) never exist at once; 0 = all tokens at once",
+    )
     eval_every: int = option(0, "with a 'test' channel: eval_loss every N steps; 0 = at the end only")
     lora_r: int = option(0, "LoRA rank; 0 trains all weights")
     lora_alpha: int = option(32, "LoRA scaling numerator")
@@ -83,6 +96,11 @@ class SFTArgs(contract.TrainingArgs):
     def validate(self, world_size: int) -> None:
         super().validate(world_size)
         contract.require_at_least_one(self, "batch_size", "per_device_batch_size", "max_length")
+        if self.loss_chunk_tokens < 0:
+            raise UserError(
+                f"--loss_chunk_tokens {self.loss_chunk_tokens} cannot be negative: give 0 (the whole "
+                f"micro-batch at once) or a number of tokens such as 1024."
+            )
         if self.lora_r and self.strategy == "fsdp":
             raise UserError(
                 "--lora_r with --strategy fsdp is not supported: LoRA keeps memory small, use --strategy ddp."
@@ -174,7 +192,19 @@ def token_loss_sum(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Te
     return loss_sum, (shifted_labels != IGNORE_INDEX).sum()
 
 
-def evaluate(model, examples: list[dict], learners, micro_batch_size: int, pad_token_id: int) -> float:
+def batch_loss_sum(model, batch: dict[str, torch.Tensor], loss_chunk_tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``token_loss_sum`` of the model on a micro-batch: from the full logits, or with
+    ``loss_chunk_tokens`` the head and loss a chunk at a time (``common/lm_loss.py``, same value)."""
+    if loss_chunk_tokens:
+        hidden = lm_loss.final_hidden_states(model, batch["input_ids"], batch["attention_mask"])
+        return lm_loss.chunked_token_loss_sum(hidden, lm_loss.output_head(model), batch["labels"], loss_chunk_tokens)
+    logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+    return token_loss_sum(logits, batch["labels"])
+
+
+def evaluate(
+    model, examples: list[dict], learners, micro_batch_size: int, pad_token_id: int, loss_chunk_tokens: int = 0
+) -> float:
     """Mean loss over every assistant token of the test set (the learners share the work)."""
     model.eval()
     totals = torch.zeros(2, dtype=torch.float64)  # loss sum, target tokens
@@ -182,8 +212,7 @@ def evaluate(model, examples: list[dict], learners, micro_batch_size: int, pad_t
         for indices, counted in data.evaluation_batches(len(examples), learners, micro_batch_size):
             batch = collate([examples[i] for i in indices], pad_token_id, learners.device)
             with distributed.autocast(learners):
-                logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
-            loss_sum, count = token_loss_sum(logits, batch["labels"])
+                loss_sum, count = batch_loss_sum(model, batch, loss_chunk_tokens)
             if counted:
                 totals += torch.tensor([loss_sum.item(), count.item()], dtype=torch.float64)
     model.train()
@@ -216,7 +245,9 @@ def build_model(args: SFTArgs, model_path: str, learners: distributed.Learners):
     else:
         model = models.load_model(model_path, models.load_device(learners, args.strategy))
     model.config.use_cache = False  # no generation cache while training
-    return models.prepare_for_training(model, learners, args.strategy, args.gradient_checkpointing)
+    return models.prepare_for_training(
+        model, learners, args.strategy, args.gradient_checkpointing, args.activation_checkpointing
+    )
 
 
 # --------------------------------------------------------------------------- training
@@ -294,9 +325,8 @@ def train(args: SFTArgs, learners: distributed.Learners) -> bool:
             batch = collate([examples[i] for i in indices], tokenizer.pad_token_id, learners.device)
             last_micro_step = micro_step == len(my_micro_batches) - 1
             with distributed.gradient_sync(model, last_micro_step):  # all-reduce once, after the last
-                with distributed.autocast(learners):
-                    logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
-                loss_sum, _ = token_loss_sum(logits, batch["labels"])
+                with distributed.autocast(learners):  # the loss itself computes in fp32
+                    loss_sum, _ = batch_loss_sum(model, batch, args.loss_chunk_tokens)
                 # DDP/FSDP average gradients over processes; times world_size / num_targets makes the
                 # result the gradient of the mean loss over every assistant token of the global batch.
                 (loss_sum * learners.world_size / num_targets).backward()
@@ -324,7 +354,12 @@ def train(args: SFTArgs, learners: distributed.Learners) -> bool:
             }
             if evaluate_now:
                 record["eval_loss"] = evaluate(
-                    model, test_examples, learners, args.per_device_batch_size, tokenizer.pad_token_id
+                    model,
+                    test_examples,
+                    learners,
+                    args.per_device_batch_size,
+                    tokenizer.pad_token_id,
+                    args.loss_chunk_tokens,
                 )
             logger.log(step, record)
 

@@ -116,20 +116,65 @@ def teardown() -> None:
         dist.destroy_process_group()
 
 
-def wrap_model(model: torch.nn.Module, learners: Learners, strategy: str, activation_checkpointing: bool = True):
+# Selective activation checkpointing keeps what these operators return (the matrix products of the
+# projections and the MLP, and attention) and recomputes the rest of a layer (norms, RoPE, SiLU, the
+# elementwise products): almost all of the recomputation's arithmetic is saved, for the memory of
+# those outputs. (PyTorch's selective checkpointing API, as in torchtitan's "op" policy.)
+_SAVED_BY_SELECTIVE = {
+    torch.ops.aten.mm.default,
+    torch.ops.aten.addmm.default,
+    torch.ops.aten.bmm.default,
+    torch.ops.aten._scaled_dot_product_flash_attention.default,
+    torch.ops.aten._scaled_dot_product_efficient_attention.default,
+    torch.ops.aten._scaled_dot_product_cudnn_attention.default,
+    torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default,
+}
+RECOMPUTE = ("full", "selective", "none")
+
+
+def _keep_matrix_products(ctx, op, *args, **kwargs):
+    from torch.utils.checkpoint import CheckpointPolicy
+
+    return CheckpointPolicy.MUST_SAVE if op in _SAVED_BY_SELECTIVE else CheckpointPolicy.PREFER_RECOMPUTE
+
+
+def enable_activation_checkpointing(model: torch.nn.Module, recompute: str = "full") -> None:
+    """Recompute each decoder layer's activations in the backward pass instead of keeping them.
+
+    full:      keep only each layer's input; the whole layer runs again in the backward pass.
+    selective: keep the outputs of its matrix products and attention as well; only the cheap
+               elementwise operations run again (more memory than full, far less than none).
+    none:      keep everything (nothing is enabled).
+    """
+    if recompute not in RECOMPUTE:
+        raise ValueError(f"recompute must be one of {RECOMPUTE}, got {recompute!r}")
+    if recompute == "none":
+        return
+    options = {"use_reentrant": False}
+    if recompute == "selective":
+        from torch.utils.checkpoint import create_selective_checkpoint_contexts
+
+        options["context_fn"] = functools.partial(create_selective_checkpoint_contexts, _keep_matrix_products)
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=options)
+
+
+def wrap_model(model: torch.nn.Module, learners: Learners, strategy: str, activation_checkpointing: bool | str = True):
     """Share ``model`` (already on ``learners.device``) between the learners.
 
     ddp:  every learner holds the whole model; gradients are averaged by DDP.
     fsdp: FSDP2 shards each decoder layer's parameters, gradients and optimizer state over the
           learners; on GPU the layers compute in bf16 and reduce gradients in fp32, and activation
-          checkpointing recomputes activations in the backward pass (memory for 8B models on 8 GPUs).
+          checkpointing recomputes activations in the backward pass (memory for 8B models on 8 GPUs):
+          ``activation_checkpointing`` full (or True), selective, or none (or False), as in
+          ``enable_activation_checkpointing``.
     Build the optimizer from the returned model's parameters.
     """
     if strategy == "fsdp":
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-        if activation_checkpointing and hasattr(model, "gradient_checkpointing_enable"):
-            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        recompute = {True: "full", False: "none"}.get(activation_checkpointing, activation_checkpointing)
+        if hasattr(model, "gradient_checkpointing_enable"):
+            enable_activation_checkpointing(model, recompute)
         policy = (
             MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
             if learners.device.type == "cuda"

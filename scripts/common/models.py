@@ -232,16 +232,19 @@ def load_device(learners: Learners, strategy: str) -> torch.device:
     return torch.device("cpu") if strategy == "fsdp" else learners.device
 
 
-def prepare_for_training(model, learners: Learners, strategy: str, gradient_checkpointing: bool = False):
+def prepare_for_training(
+    model, learners: Learners, strategy: str, gradient_checkpointing: bool = False, recompute: str = "full"
+):
     """The model in train mode and shared between the learners (``distributed.wrap_model``).
 
-    ``gradient_checkpointing`` recomputes activations in the backward pass with DDP; FSDP always does.
+    ``gradient_checkpointing`` recomputes activations in the backward pass with DDP; FSDP always does,
+    ``recompute`` saying how (``distributed.enable_activation_checkpointing``: full or selective).
     Build the optimizer from the returned model's parameters.
     """
     if gradient_checkpointing and strategy == "ddp":
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        distributed.enable_activation_checkpointing(model, recompute)
     model.train()
-    return distributed.wrap_model(model, learners, strategy)
+    return distributed.wrap_model(model, learners, strategy, activation_checkpointing=recompute)
 
 
 def load_reference(path: str, learners: Learners, strategy: str):
