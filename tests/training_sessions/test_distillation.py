@@ -1,0 +1,107 @@
+"""On-policy distillation's maths on the session engine: the advantage is the per-token reverse KL's
+negative, a teacher identical to the student gives no gradient, the teacher's log-probs come from the
+teacher's weights, and a teacher with another tokenizer is refused before any step."""
+
+import pytest
+import torch
+from common.contract import UserError
+from common.distillation import check_same_tokenizer, distillation_advantages, reverse_kl
+from hypothesis import given
+from hypothesis import strategies as st
+from transformers import AutoTokenizer
+
+from helpers.local_mode.sessions import engine as engine_module
+
+PROMPT = [5, 6, 7, 8, 9]
+logprob = st.floats(min_value=-30.0, max_value=0.0)
+
+
+@given(st.lists(st.tuples(logprob, logprob), min_size=1, max_size=40), st.floats(0.0, 4.0), st.floats(-2.0, 2.0))
+def test_the_advantage_is_the_negative_per_token_reverse_kl_plus_the_task_advantage(pairs, kl_coef, task):
+    student, teacher = [s for s, _ in pairs], [t for _, t in pairs]
+    advantages = distillation_advantages(student, teacher, kl_coef=kl_coef, task_advantage=task)
+    assert advantages == pytest.approx([-kl_coef * (s - t) + task for s, t in pairs])
+    without_task = distillation_advantages(student, teacher)
+    assert -sum(without_task) / len(pairs) == pytest.approx(reverse_kl(student, teacher), abs=1e-9)
+
+
+def test_mismatched_lengths_and_bad_coefficients_are_refused():
+    with pytest.raises(ValueError, match="exactly the tokens"):
+        distillation_advantages([-1.0, -2.0], [-1.0])
+    with pytest.raises(ValueError, match="kl_coef"):
+        distillation_advantages([-1.0], [-1.0], kl_coef=-1.0)
+
+
+@pytest.fixture(scope="module")
+def student(tiny_model_path, one_thread):
+    torch.manual_seed(5)
+    engine = engine_module.Engine(str(tiny_model_path), rank=4, alpha=8)
+    with torch.no_grad():
+        for _, param in engine.named_trainable:
+            param.normal_(0.0, 0.05)  # a trained-looking adapter: B is zero at initialisation
+    return engine
+
+
+def datum(tokens, sampled_from: int, sampler_logprobs, advantages):
+    """The importance-sampling datum of one completion (shifted by one; weight 0 on the prompt)."""
+    n_prompt = sampled_from - 1
+    wire = lambda values, dtype="float32": {"data": list(values), "dtype": dtype, "shape": [len(values)]}  # noqa: E731
+    return {
+        "modelInput": {"chunks": [{"tokens": tokens[:-1], "type": "encoded_text"}]},
+        "lossFnInputs": {
+            "target_tokens": wire(tokens[1:], "int64"),
+            "weights": wire([0.0] * n_prompt + [1.0] * len(sampler_logprobs)),
+            "logprobs": wire([0.0] * n_prompt + list(sampler_logprobs)),
+            "advantages": wire([0.0] * n_prompt + list(advantages)),
+        },
+    }
+
+
+def gradient_norm(engine, teacher_adapter) -> tuple[float, list[float]]:
+    """The student samples; the teacher (``teacher_adapter``, see ``Engine.weights``) scores its tokens;
+    forward_backward with the distillation advantages. Returns the gradient's norm and the advantages."""
+    (sample,) = engine.sample(PROMPT, 1, {"maxTokens": 16, "temperature": 1.0, "seed": 7})
+    tokens = PROMPT + sample["tokens"]
+    teacher = engine.compute_logprobs(tokens, teacher_adapter)[len(PROMPT) :]
+    advantages = distillation_advantages(sample["logprobs"], teacher)
+    engine.optimizer.zero_grad(set_to_none=True)
+    engine.forward_backward(
+        "importance_sampling", [datum(tokens, len(PROMPT), sample["logprobs"], advantages)], {}, backward=True
+    )
+    norm = float(torch.cat([p.grad.reshape(-1) for _, p in engine.named_trainable]).norm())
+    engine.optimizer.zero_grad(set_to_none=True)
+    return norm, advantages
+
+
+def test_a_teacher_identical_to_the_student_gives_no_gradient_and_another_teacher_does(student):
+    same, same_advantages = gradient_norm(student, engine_module.OWN_ADAPTER)
+    other, other_advantages = gradient_norm(student, None)  # the base model, without the student's adapter
+    assert max(map(abs, same_advantages)) < 1e-4  # the sampler's and the scorer's fp32 last bits only
+    assert other > 0.01 and same < 1e-4 * other, (same, other)
+    assert max(map(abs, other_advantages)) > 0.01
+
+
+def test_the_teachers_logprobs_come_from_the_teachers_weights(student):
+    tokens = PROMPT + [11, 12, 13, 14]
+    own_before = student.compute_logprobs(tokens)
+    teacher = {name: value + 0.05 for name, value in peft_state(student).items()}  # another adapter's tensors
+    scored = student.compute_logprobs(tokens, teacher)
+    assert (
+        max(abs(a - b) for a, b in zip(scored[1:], own_before[1:], strict=True)) > 1e-3
+    )  # other weights, other log-probs
+    assert student.compute_logprobs(tokens) == own_before  # the student's own adapter is put back unchanged
+
+
+def peft_state(engine) -> dict:
+    from peft import get_peft_model_state_dict
+
+    return {name: value.detach().clone() for name, value in get_peft_model_state_dict(engine.model).items()}
+
+
+def test_a_teacher_with_another_tokenizer_is_refused_before_any_step(tiny_model_path):
+    student_tokenizer = AutoTokenizer.from_pretrained(tiny_model_path)
+    check_same_tokenizer(student_tokenizer, AutoTokenizer.from_pretrained(tiny_model_path))  # the same: accepted
+    other = AutoTokenizer.from_pretrained(tiny_model_path)
+    other.add_tokens(["<teacher-only>"])
+    with pytest.raises(UserError, match="not the student's.*1 tokens map to other ids.*'<teacher-only>'"):
+        check_same_tokenizer(student_tokenizer, other)
