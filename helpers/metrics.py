@@ -152,16 +152,27 @@ def held_out_change(before: dict, after: dict) -> dict:
         "examples": before["n"],
         "samples_per_example": before["samples_per_example"],
         "temperature": before["temperature"],
+        # how many distinct answers each model gave (None: an evaluation.json from before they were counted)
+        "before_answer_diversity": before.get("answer_diversity"),
+        "after_answer_diversity": after.get("answer_diversity"),
     }
 
 
 def describe_change(held_out: dict, what: str = "accuracy") -> str:
-    """``held_out_change``'s figures in two lines, the change in standard errors when it has one."""
-    size = held_out["change"] / held_out["change_standard_error"] if held_out["change_standard_error"] else None
-    return (
+    """``held_out_change``'s figures: the two figures, the change in standard errors and whether it counts
+    as a gain (``scripts.common.stats.judge_change``: beyond two standard errors, and the trained model's
+    answers not collapsed into one), then how many distinct answers each model gave."""
+    from scripts.common import stats
+
+    after = held_out.get("after_answer_diversity")
+    lines = [
         f"held-out {what}, {held_out['examples']} problems x {held_out['samples_per_example']} answer(s) "
         f"at temperature {held_out['temperature']}: {held_out['before']:.3f} ± {held_out['before_standard_error']:.3f}"
-        f" -> {held_out['after']:.3f} ± {held_out['after_standard_error']:.3f}\n"
-        f"change {held_out['change']:+.3f} ± {held_out['change_standard_error']:.3f} (paired)"
-        + (f", {size:+.1f} standard errors" if size is not None else ", no spread to measure it against")
-    )
+        f" -> {held_out['after']:.3f} ± {held_out['after_standard_error']:.3f}",
+        f"change {held_out['change']:+.3f} ± {held_out['change_standard_error']:.3f} (paired), "
+        + stats.judge_change(held_out["change"], held_out["change_standard_error"], after),
+    ]
+    answers = stats.describe_answers_before_and_after(held_out.get("before_answer_diversity"), after)
+    if answers:
+        lines.append(answers)
+    return "\n".join(lines)

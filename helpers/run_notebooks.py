@@ -765,19 +765,27 @@ def render_markdown(summary: dict) -> str:
             "",
             "## GSM8K accuracy on held-out problems (same checker as training)",
             "",
-            "base: the model notebook 0 staged; trained: the GRPO model (notebooks 3 and 5 start GRPO from "
-            'notebook 1\'s SFT model when start_from is "sft", as in the main job: then the gain is SFT and '
-            "GRPO together).",
+            "before (base): the model notebook 0 staged; after (trained): the GRPO model (notebooks 3 and 5 "
+            'start GRPO from notebook 1\'s SFT model when start_from is "sft", as in the main job: then the '
+            "change is SFT and GRPO together). A change counts as a gain only beyond two standard errors and "
+            "when the trained model's answers did not collapse (most of them one answer).",
             "",
         ]
-        for which in ("base", "trained"):
-            if which in evaluation:
-                e = evaluation[which]
-                error = f" ± {e['standard_error']:.3f}" if isinstance(e.get("standard_error"), (int, float)) else ""
-                lines.append(
-                    f"- {which}: accuracy {e.get('accuracy', float('nan')):.3f}{error} "
-                    f"on {int(e['n']) if isinstance(e.get('n'), (int, float)) else '?'} problems ({e.get('job_name', '')})"
-                )
+        if evaluation.get("change"):  # notebook 6's paired change, with each model's answers
+            from helpers.metrics import describe_change
+
+            lines += [f"- {line}" for line in describe_change(evaluation["change"]).splitlines()]
+            jobs = (f"{which} {evaluation[which].get('job_name', '')}" for which in ("base", "trained"))
+            lines.append(f"- evaluation jobs: {', '.join(jobs)}")
+        else:  # a state file from before notebook 6 kept its change: each model's figure alone
+            for which in ("base", "trained"):
+                if which in evaluation:
+                    e = evaluation[which]
+                    error = f" ± {e['standard_error']:.3f}" if isinstance(e.get("standard_error"), (int, float)) else ""
+                    lines.append(
+                        f"- {which}: accuracy {e.get('accuracy', float('nan')):.3f}{error} on "
+                        f"{int(e['n']) if isinstance(e.get('n'), (int, float)) else '?'} problems ({e.get('job_name', '')})"
+                    )
     if summary.get("code_rl_evaluation"):
         from helpers.metrics import describe_change
 

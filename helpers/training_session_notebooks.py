@@ -84,20 +84,30 @@ def records(work_dir: Path) -> list[dict]:
     return json.loads(path.read_text()) if path.exists() else []
 
 
-def _held_out_line(held_out: dict) -> str:
-    """'held-out accuracy 0.300 ± 0.040 -> 0.350 ± 0.041 (change ± 0.020; 64 problems x 16 answers)'."""
+def held_out_lines(held_out: dict) -> list[str]:
+    """A session's held-out figures (``session_loops.grpo.held_out_record``), as the summary and the
+    notebooks print them: 'held-out accuracy 0.300 ± 0.040 -> 0.350 ± 0.041 (...; 64 problems x 16
+    answers)', then whether the change counts as a gain (``scripts.common.stats.judge_change``: beyond two
+    standard errors, and the trained model's answers not collapsed into one) and each model's answers."""
+    from scripts.common import stats
+
     measure = held_out.get("measure", "accuracy")
-    line = f"  - held-out {measure} {held_out['before']:.3f}"
-    if "before_standard_error" in held_out:
-        line += (
-            f" ± {held_out['before_standard_error']:.3f} -> {held_out['after']:.3f} ± "
-            f"{held_out['after_standard_error']:.3f} (standard errors over problems; the change's, paired: "
-            f"± {held_out['change_standard_error']:.3f}; {held_out['problems']} problems x "
-            f"{held_out['samples_per_problem']} answers)"
-        )
-    else:
-        line += f" -> {held_out['after']:.3f}"
-    return line
+    line = f"held-out {measure} {held_out['before']:.3f}"
+    if "before_standard_error" not in held_out:
+        return [line + f" -> {held_out['after']:.3f}"]
+    line += (
+        f" ± {held_out['before_standard_error']:.3f} -> {held_out['after']:.3f} ± "
+        f"{held_out['after_standard_error']:.3f} (standard errors over problems; the change's, paired: "
+        f"± {held_out['change_standard_error']:.3f}; {held_out['problems']} problems x "
+        f"{held_out['samples_per_problem']} answers)"
+    )
+    change = held_out.get("change", held_out["after"] - held_out["before"])  # records before "change" was kept
+    after = held_out.get("after_answer_diversity")
+    lines = [line, f"change {change:+.3f}, " + stats.judge_change(change, held_out["change_standard_error"], after)]
+    answers = stats.describe_answers_before_and_after(held_out.get("before_answer_diversity"), after)
+    if answers:
+        lines.append(answers)
+    return lines
 
 
 def render(sessions: list[dict]) -> list[str]:
@@ -148,7 +158,8 @@ def render(sessions: list[dict]) -> list[str]:
                 f"last quarter {s['pass_rate']['last_quarter']:.3f}"
             )
         if s.get("held_out"):
-            lines.append(_held_out_line(s["held_out"]))
+            first, *rest = held_out_lines(s["held_out"])
+            lines += [f"  - {first}", *(f"    - {line}" for line in rest)]
         if s.get("resume"):
             resume = s["resume"]
             differences = "; ".join(f"{label} {value:.3g}" for label, value in resume["largest_difference"].items())

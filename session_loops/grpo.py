@@ -137,7 +137,9 @@ def evaluate(
     """Held-out accuracy with the environment's checker: ``samples_per_problem`` answers a problem, the
     same sampling seeds every time it is called, so two models are compared on the same random draws.
     The standard error is over problems (a problem's answers are not independent of one another);
-    ``per_problem`` keeps each problem's accuracy for a paired comparison (``paired_gain``)."""
+    ``per_problem`` keeps each problem's accuracy for a paired comparison (``paired_gain``), and
+    ``answer_diversity`` how many distinct answers the model gave (``common.stats``: a model whose answers
+    collapsed into one has not learned, whatever its accuracy)."""
     from sagemaker.train.training_session import SamplingParams
 
     params = SamplingParams(max_tokens=MAX_TOKENS, temperature=temperature, seed=seed, stop=stop)
@@ -157,6 +159,9 @@ def evaluate(
         "problems": len(problems),
         "samples_per_problem": samples_per_problem,
         "per_problem": per_problem,
+        "answer_diversity": stats.answer_diversity(
+            [stats.given_answer(c, s) for g in groups for c, s in zip(g["completions"], g["scores"], strict=True)]
+        ),
     }
 
 
@@ -164,3 +169,23 @@ def paired_gain(before: dict, after: dict) -> tuple[float, float]:
     """After minus before on the same problems, and the standard error of that difference (from the
     per-problem differences: the problems' own difficulty cancels out)."""
     return stats.paired_change(before["per_problem"], after["per_problem"])
+
+
+def held_out_record(before: dict, after: dict, measure: str = "accuracy") -> dict:
+    """Two ``evaluate`` results on the same problems and seeds as the notebooks record them (``common.record``'s
+    ``held_out``; the summary's lines are ``helpers.training_session_notebooks.held_out_lines``): each figure
+    with its standard error, the paired change's, and each model's answer diversity."""
+    change, change_standard_error = paired_gain(before, after)
+    return {
+        "before": before["accuracy"],
+        "before_standard_error": before["standard_error"],
+        "after": after["accuracy"],
+        "after_standard_error": after["standard_error"],
+        "change": change,
+        "change_standard_error": change_standard_error,
+        "problems": before["problems"],
+        "samples_per_problem": before["samples_per_problem"],
+        "measure": measure,
+        "before_answer_diversity": before["answer_diversity"],
+        "after_answer_diversity": after["answer_diversity"],
+    }

@@ -136,6 +136,8 @@ def judge_change(change: float, standard_error: float, after: dict | None) -> st
         return f"{size}: a gain"
     if after is None:
         return f"{size}; the evaluation did not count its answers (an older one), not counted as a gain"
-    if standard_error and change < -GAIN_STANDARD_ERRORS * standard_error:
+    if not standard_error:
+        return f"{size}: not a gain"
+    if change < -GAIN_STANDARD_ERRORS * standard_error:
         return f"{size}: a loss"
     return f"{size}: within {GAIN_STANDARD_ERRORS:g} standard errors, not a gain"
