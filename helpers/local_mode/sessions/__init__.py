@@ -21,6 +21,7 @@ import os
 import re
 import secrets
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -53,8 +54,9 @@ class Endpoint:
     pid: int
     root: Path
     region: str
-    # Drawn for each endpoint: requests signed with anything else are refused. Not in repr: a notebook
-    # that shows the endpoint does not print it.
+    # Drawn once for the root folder and kept (owner-only) in training-sessions/credentials.json, so a
+    # client built before a restart of the endpoint still signs its requests right; requests signed
+    # with anything else are refused. Not in repr: a notebook that shows the endpoint does not print it.
     secret_key: str = field(repr=False)
 
     def client_environment(self) -> dict[str, str]:
@@ -145,6 +147,40 @@ def _info_path(root: Path) -> Path:
     return _sessions_root(root) / "service.json"
 
 
+def _credentials_path(root: Path) -> Path:
+    return _sessions_root(root) / "credentials.json"
+
+
+def _stable_credentials(root: Path) -> dict:
+    """The endpoint's secret key for ``root``, and the port it last listened on: drawn once, kept in a
+    file that only this user may read or write (0600), and the same on every later start, so that a
+    client (a kernel's boto3 or SDK) built before a restart still reaches the endpoint and is still
+    accepted. A record that others could read, or that is not whole, is replaced by a new secret."""
+    path = _credentials_path(root)
+    try:
+        status = path.stat()
+        if status.st_uid == os.getuid() and status.st_mode & 0o077 == 0:
+            stored = json.loads(path.read_text())
+            if isinstance(stored.get("secret_key"), str) and len(stored["secret_key"]) >= 32:
+                return stored
+    except (OSError, ValueError, AttributeError):
+        pass
+    stored = {"secret_key": secrets.token_urlsafe(32)}
+    _write_private(path, json.dumps(stored).encode())
+    return stored
+
+
+def _port_free(port: int) -> bool:
+    """Whether the endpoint could listen on ``port`` now (as it binds: with SO_REUSEADDR)."""
+    with socket.socket() as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
 def running_endpoint(root: str | os.PathLike | None = None) -> Endpoint | None:
     root = Path(root).expanduser() if root else local_root()
     try:
@@ -172,7 +208,9 @@ def start_service(root: str | os.PathLike | None = None, region: str = "us-east-
     """Start the endpoint process for ``root`` (or return the one already running) and register the
     tiny model, and SmolLM2-135M-Instruct where its wheel is installed. The process outlives this
     Python process, as the real service outlives a kernel. Kernels that start at once (the main
-    job runs two lanes of notebooks) take turns, so they share one endpoint."""
+    job runs two lanes of notebooks) take turns, so they share one endpoint. Its secret key is the
+    root's (drawn once, kept owner-only) and its port the last start's where that is free: a client
+    built before the endpoint was stopped and started again goes on working."""
     root = Path(root).expanduser() if root else local_root()
     configured_precision()  # a bad setting is refused here, not by an endpoint that exits at its start
     _sessions_root(root).mkdir(parents=True, exist_ok=True)
@@ -191,10 +229,31 @@ def _start_service(root: Path, region: str, timeout: float) -> Endpoint:
     existing = running_endpoint(root)
     if existing is not None:
         return existing
+    credentials = _stable_credentials(root)
+    secret_key = credentials["secret_key"]
+    # The port of the last start, where it is free: a client built then still reaches the endpoint.
+    port = credentials.get("port") if isinstance(credentials.get("port"), int) else 0
+    if port and not _port_free(port):
+        port = 0
+    try:
+        process, info = _launch(root, region, timeout, port, secret_key)
+    except RuntimeError:
+        if not port or _port_free(port):
+            raise
+        process, info = _launch(root, region, timeout, 0, secret_key)  # taken between the check and the bind
+    info["started"] = process_identity(process.pid)["started"]
+    info["secret_key"] = secret_key
+    _write_private(_info_path(root), json.dumps(info).encode())
+    if credentials.get("port") != info["port"]:
+        _write_private(_credentials_path(root), json.dumps({**credentials, "port": info["port"]}).encode())
+    return Endpoint(f"http://127.0.0.1:{info['port']}", process.pid, root, region, secret_key)
+
+
+def _launch(root: Path, region: str, timeout: float, port: int, secret_key: str) -> tuple[subprocess.Popen, dict]:
+    """Start the endpoint process on ``port`` (0: any free one) and wait until it listens."""
     ready = _sessions_root(root) / f"ready-{os.getpid()}.json"
     ready.unlink(missing_ok=True)
     log = open(_sessions_root(root) / "service.log", "ab")
-    secret_key = secrets.token_urlsafe(32)
     env = {
         **os.environ,
         "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
@@ -209,6 +268,8 @@ def _start_service(root: Path, region: str, timeout: float) -> Endpoint:
             str(root),
             "--region",
             region,
+            "--port",
+            str(port),
             "--ready-file",
             str(ready),
         ],
@@ -219,6 +280,7 @@ def _start_service(root: Path, region: str, timeout: float) -> Endpoint:
         cwd=REPO,
         start_new_session=True,  # a Ctrl-C in the notebook's terminal does not reach it
     )
+    log.close()  # the process holds its own copy
     deadline = time.monotonic() + timeout
     while not ready.exists():
         if process.poll() is not None:
@@ -235,10 +297,7 @@ def _start_service(root: Path, region: str, timeout: float) -> Endpoint:
         time.sleep(0.05)
     info = json.loads(ready.read_text())
     ready.unlink()
-    info["started"] = process_identity(process.pid)["started"]
-    info["secret_key"] = secret_key
-    _write_private(_info_path(root), json.dumps(info).encode())
-    return Endpoint(f"http://127.0.0.1:{info['port']}", process.pid, root, region, secret_key)
+    return process, info
 
 
 def _write_private(path: Path, data: bytes) -> None:
