@@ -4,27 +4,54 @@ The arithmetic behind "does an 8 B model fit on 8 x A100 80 GB (ml.p4de.24xlarge
 term by term for the setup of ``scripts/common/distributed.wrap_model(strategy="fsdp")``:
 every decoder layer and the root (embeddings, final norm, LM head) is a ``fully_shard`` unit,
 parameters are gathered in bf16 for compute, gradients reduced in fp32, each decoder layer
-recomputed in the backward pass.
+recomputed in the backward pass (``recompute``: full, selective or none) and the LM head's loss
+taken whole or ``loss_chunk_tokens`` at a time (``scripts/common/lm_loss.py``).
 
 Terms (bytes on one GPU; P parameters, W GPUs, b micro-batch, s sequence length, h hidden,
-i intermediate, k = key/value width, V vocabulary, L layers):
+i intermediate, k = key/value width, V vocabulary, L layers, m = 4 for fp32 master weights, 2 bf16):
 
-  params       P x 4 / W           fp32 master weights, sharded (bf16 masters: x 2)
-  grads        P x 4 / W           sharded gradients in the parameters' dtype (bf16 masters: x 2)
-  optimizer    P x 8 / W           AdamW exp_avg + exp_avg_sq in the parameters' dtype (bf16: x 4)
-  gathered     2 layers x (2 + 2 + 4) x layer params      bf16 weights of the layer being computed and
+  params          P x m / W        master weights, sharded
+  grads           P x m / W        sharded gradients in the parameters' dtype
+  optimizer       P x 2m / W       AdamW exp_avg + exp_avg_sq
+  optimizer_step  P x m / W        the temporary of PyTorch's foreach AdamW (the square root of
+                                   exp_avg_sq, one state's size, for all parameters at once)
+  gathered_layers 2 layers x (2 + 2 + 4) x layer params   bf16 weights of the layer being computed and
                                    of the one prefetched, their bf16 gradients and fp32 reduce copy
-  root         root params x (2 + 2 + 4)                  embeddings + head, gathered for the whole step
-  checkpoints  L x b x s x h x 2   every layer's bf16 input, kept for its recomputation
-  layer        2 x b x s x (30 h + 8 i) x ... see ``layer_activation_bytes``: one layer's activations
-                                   while it is recomputed, and their gradients
-  logits       b x s x V x 16      bf16 logits, the fp32 log-softmax kept by cross-entropy and the
-                                   fp32 / bf16 gradients flowing back through them
-  reference    DPO's / GRPO's frozen reference model in bf16 (``models.load_reference``), when
-               there is one: ``replicated`` (every GPU a whole copy, ``--strategy ddp``) P x 2;
-               ``sharded`` (``--strategy fsdp``) P x 2 / W + root params x 2, the root unit that
-               FSDP2 keeps gathered after a forward (with no backward it stays so). Its forward
-               runs outside the policy's, so its transient layers and logits are not counted.
+  gathered_root   root params x (2 + 2)   embeddings + head gathered in bf16, and their bf16
+                                   gradient: the root unit stays gathered through forward and backward
+  checkpoints     what each layer keeps for the backward pass: full L x b x s x h x 2 (its bf16
+                  input); selective + L x b x s x 2 (4h + 2k + 2i) (its matrix products' and
+                  attention's bf16 outputs); none L x ``layer_activation_bytes``
+  recomputed_layer  2 x ``layer_activation_bytes``: one layer's activations while it is
+                  recomputed, and their gradients (none: the gradients only)
+  head_input      b x s x h x 16   the final norm's fp32 input and output, the bf16 hidden states,
+                                   their gradient and the chunked loss's copy of the target rows
+  logits          n x V x 14       n = b x s, or ``loss_chunk_tokens`` chunked: bf16 logits 2, the
+                                   fp32 log-softmax 4 kept by cross-entropy, and the two fp32
+                                   gradients 4 + 4 alive at once in its backward
+  reference       DPO's / GRPO's frozen reference model in bf16 (``models.load_reference``), when
+                  there is one: ``replicated`` (every GPU a whole copy, ``--strategy ddp``) P x 2;
+                  ``sharded`` (``--strategy fsdp``) P x 2 / W + root params x 2, the root unit that
+                  FSDP2 keeps gathered after a forward (with no backward it stays so). Its forward
+                  runs outside the policy's, so its transient layers and logits are not counted.
+
+The terms are not all alive at once. The peak is the largest of three moments (the ``phase:``
+entries), each the sum of what lives then:
+
+  loss            params + optimizer + gathered_root + checkpoints + head_input + logits
+                  (+ grads when gradient accumulation left them from an earlier micro-batch)
+  layers          params + optimizer + the grads of all layers but one (all grads with
+                  accumulation) + gathered_root + gathered_layers + checkpoints + recomputed_layer
+  optimizer step  params + grads + optimizer + optimizer_step
+  (+ reference in each)
+
+and ``total`` adds a ``margin`` of 5 % of that peak for what is not modelled (RoPE tables, masks,
+the norms' small tensors, the allocator's rounding). Refitted on measured peaks of one H200
+(``torch.cuda.max_memory_allocated``, docs/BENCHMARKS.md): a 2-layer Llama-3.1-8B shape at 1 x 4096
+(27.8 GiB measured, the optimizer step's moment) and a Qwen2.5-1.5B shape at 4, 8 and 16 x 2048
+(34.7, 51.7, 85.7 GiB, the loss's moment): without the margin it is 0.2 % under the first and
+0.9-1.3 % over the others, with it 4.8-6.4 % over (``tests/bench/test_memory_plan_arithmetic.py``). The earlier plan summed every term as if
+all lived at once and counted 16 bytes a logit: 42.9 GiB for the 27.8 measured.
 Not counted: the CUDA context and allocator fragmentation (``max_memory_allocated`` does not see
 them either; leave ~3-5 GiB), NCCL buffers.
 """
@@ -98,7 +125,10 @@ QWEN2_5_1_5B = ModelShape(
     qkv_bias=True,
 )
 
-LOGIT_BYTES = 16  # per logit element: bf16 logits 2 + fp32 log-softmax 4 + fp32 grad 4 + fp32 copy 4 + bf16 grad 2
+LOGIT_BYTES = 14  # per logit at the loss's peak: bf16 logits 2 + fp32 log-softmax 4 + two fp32 gradients 4 + 4
+HEAD_INPUT_BYTES = 16  # per token and hidden unit: the final norm's fp32 tensors, the hidden states, their gradient
+MARGIN = 0.05  # of the peak, for what the terms leave out
+RECOMPUTE = ("full", "selective", "none")
 
 
 def layer_activation_bytes(shape: ModelShape, tokens: int) -> int:
@@ -109,6 +139,12 @@ def layer_activation_bytes(shape: ModelShape, tokens: int) -> int:
     return tokens * (30 * shape.hidden_size + 8 * shape.intermediate_size)
 
 
+def selective_saved_bytes(shape: ModelShape, tokens: int) -> int:
+    """What selective checkpointing keeps of one layer besides its input: the bf16 outputs of the
+    matrix products (q, o, down: h; k, v: k; gate, up: i) and of attention (h)."""
+    return tokens * 2 * (4 * shape.hidden_size + 2 * shape.kv_width + 2 * shape.intermediate_size)
+
+
 def memory_plan(
     shape: ModelShape,
     world_size: int,
@@ -117,35 +153,73 @@ def memory_plan(
     master_dtype: str = "fp32",
     prefetched_layers: int = 2,
     reference: str = "none",
+    recompute: str = "full",
+    loss_chunk_tokens: int = 0,
+    gradient_accumulation: int = 1,
 ) -> dict[str, int]:
-    """Bytes per GPU for each term of the module docstring, and their ``total``; ``reference``:
-    none (SFT, GRPO with beta 0), sharded or replicated (a ``reference`` term is added)."""
+    """Bytes per GPU for each term of the module docstring, each moment's sum (``phase: ...``), the
+    ``margin`` and the ``total``; ``reference``: none (SFT, GRPO with beta 0), sharded or replicated
+    (a ``reference`` term is added); ``recompute`` and ``loss_chunk_tokens`` as the SFT options."""
     if master_dtype not in ("fp32", "bf16"):
         raise ValueError(f"master_dtype must be fp32 or bf16, got {master_dtype!r}")
     if reference not in ("none", "sharded", "replicated"):
         raise ValueError(f"reference must be none, sharded or replicated, got {reference!r}")
-    if world_size < 1 or micro_batch < 1 or seq_len < 1:
-        raise ValueError("world_size, micro_batch and seq_len must be at least 1")
+    if recompute not in RECOMPUTE:
+        raise ValueError(f"recompute must be one of {RECOMPUTE}, got {recompute!r}")
+    if world_size < 1 or micro_batch < 1 or seq_len < 1 or gradient_accumulation < 1 or loss_chunk_tokens < 0:
+        raise ValueError(
+            "world_size, micro_batch, seq_len and gradient_accumulation must be at least 1, loss_chunk_tokens at least 0"
+        )
     master = 4 if master_dtype == "fp32" else 2
     params = shape.total_params()
     tokens = micro_batch * seq_len
+    layer_activations = layer_activation_bytes(shape, tokens)
     gathered_unit = 2 + 2 + 4  # bf16 weights, bf16 gradients, fp32 copy for the reduce-scatter
-    plan = {
+    kept_inputs = shape.num_layers * tokens * shape.hidden_size * 2
+    checkpoints = {
+        "full": kept_inputs,
+        "selective": kept_inputs + shape.num_layers * selective_saved_bytes(shape, tokens),
+        "none": shape.num_layers * layer_activations,
+    }[recompute]
+    terms = {
         "params": params * master // world_size,
         "grads": params * master // world_size,
         "optimizer": 2 * params * master // world_size,
+        "optimizer_step": params * master // world_size,
         "gathered_layers": min(prefetched_layers, shape.num_layers) * shape.layer_params() * gathered_unit,
-        "gathered_root": shape.root_params() * gathered_unit,
-        "checkpoints": shape.num_layers * tokens * shape.hidden_size * 2,
-        "recomputed_layer": 2 * layer_activation_bytes(shape, tokens),
-        "logits": tokens * shape.vocab_size * LOGIT_BYTES,
+        "gathered_root": shape.root_params() * (2 + 2),
+        "checkpoints": checkpoints,
+        "recomputed_layer": layer_activations * (1 if recompute == "none" else 2),
+        "head_input": tokens * shape.hidden_size * HEAD_INPUT_BYTES,
+        "logits": min(tokens, loss_chunk_tokens or tokens) * shape.vocab_size * LOGIT_BYTES,
     }
     if reference == "replicated":
-        plan["reference"] = params * 2
+        terms["reference"] = params * 2
     elif reference == "sharded":
-        plan["reference"] = params * 2 // world_size + shape.root_params() * 2
-    plan["total"] = sum(plan.values())
-    return plan
+        terms["reference"] = params * 2 // world_size + shape.root_params() * 2
+    accumulating = gradient_accumulation > 1
+    layer_grads = (
+        terms["grads"] if accumulating else (shape.num_layers - 1) * shape.layer_params() * master // world_size
+    )
+    always = terms["params"] + terms["optimizer"] + terms.get("reference", 0)
+    phases = {
+        "phase: loss": always
+        + (terms["grads"] if accumulating else 0)
+        + terms["gathered_root"]
+        + terms["checkpoints"]
+        + terms["head_input"]
+        + terms["logits"],
+        "phase: layers": always
+        + layer_grads
+        + terms["gathered_root"]
+        + terms["gathered_layers"]
+        + terms["checkpoints"]
+        + terms["recomputed_layer"],
+        "phase: optimizer step": always + terms["grads"] + terms["optimizer_step"],
+    }
+    peak = max(phases.values())
+    margin = int(peak * MARGIN)
+    return {**terms, **phases, "margin": margin, "total": peak + margin}
 
 
 def format_plan(plan: dict[str, int], title: str, capacity_gib: float | None = None) -> str:
