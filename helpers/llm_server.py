@@ -52,12 +52,12 @@ def _transformers_cli() -> str:
     return str(beside) if beside.exists() else (shutil.which("transformers") or "transformers")
 
 
-@contextlib.contextmanager
-def serve(
+def start_server(
     model_dir: str | Path, *, port: int | None = None, threads: int = 1, log_path: str | Path | None = None
-) -> Iterator[LocalServer]:
-    """Run ``transformers serve`` on ``model_dir`` (offline, CPU, ``threads`` torch threads) until the
-    block ends. Its log goes to ``log_path`` (a temporary file by default)."""
+) -> tuple[subprocess.Popen, LocalServer]:
+    """Start ``transformers serve`` on ``model_dir`` (offline, CPU, ``threads`` torch threads) in a
+    session of its own, without waiting for it: ``serve`` waits and stops it; local mode's endpoints
+    watch theirs. Its log goes to ``log_path`` (a temporary file by default)."""
     model_dir = Path(model_dir).resolve()
     if not (model_dir / "config.json").is_file():
         raise FileNotFoundError(f"{model_dir} is not a model folder (no config.json).")
@@ -71,7 +71,7 @@ def serve(
         "OMP_NUM_THREADS": str(threads),
         "TOKENIZERS_PARALLELISM": "false",
     }
-    for secret in ("OPENAI_API_KEY", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN"):
+    for secret in ("OPENAI_API_KEY", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "HF_TOKEN"):
         environment.pop(secret, None)  # the server needs none of them
     command = [
         _transformers_cli(),
@@ -90,20 +90,44 @@ def serve(
     ]
     with open(log_path, "wb") as log_file:
         process = subprocess.Popen(
-            command, stdout=log_file, stderr=subprocess.STDOUT, env=environment, start_new_session=True
+            command,
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=environment,
+            start_new_session=True,
         )
-    server = LocalServer(f"http://127.0.0.1:{port}/v1", str(model_dir), log_path)
+    return process, LocalServer(f"http://127.0.0.1:{port}/v1", str(model_dir), log_path)
+
+
+def health_url(server: LocalServer) -> str:
+    return server.base_url.removesuffix("/v1") + "/health"
+
+
+def stop_server(process: subprocess.Popen, grace_s: float = 15.0) -> None:
+    """SIGTERM to the server's process group, SIGKILL after ``grace_s``."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, signal.SIGTERM)
     try:
-        _wait_healthy(f"http://127.0.0.1:{port}/health", process, log_path)
+        process.wait(timeout=grace_s)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
+
+
+@contextlib.contextmanager
+def serve(
+    model_dir: str | Path, *, port: int | None = None, threads: int = 1, log_path: str | Path | None = None
+) -> Iterator[LocalServer]:
+    """Run ``transformers serve`` on ``model_dir`` (offline, CPU, ``threads`` torch threads) until the
+    block ends. Its log goes to ``log_path`` (a temporary file by default)."""
+    process, server = start_server(model_dir, port=port, threads=threads, log_path=log_path)
+    try:
+        _wait_healthy(health_url(server), process, server.log_path)
         yield server
     finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(process.pid, signal.SIGTERM)
-        try:
-            process.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
+        stop_server(process)
 
 
 def _wait_healthy(url: str, process: subprocess.Popen, log_path: Path, timeout_s: float = 120.0) -> None:

@@ -18,6 +18,7 @@ import boto3
 from . import processes, runner, warm_start_client
 from .api import ACCOUNT_ID, SageMakerAPI
 from .aws import LocalAWS, say
+from .endpoints import RuntimeAPI
 from .job_status import NOMINAL_SPOT_DISCOUNT
 from .storage import local_root
 
@@ -51,7 +52,10 @@ def activate(region: str = "us-east-1", root: str | os.PathLike | None = None) -
     deactivate()
     say(f"starting: SageMaker answered in this process, state under {root}")
     _active = LocalAWS(root, region)
-    _active.botocore_session.register("before-call.sagemaker", SageMakerAPI(_active))
+    api = SageMakerAPI(_active)
+    _active.botocore_session.register("before-call.sagemaker", api)
+    # InvokeEndpoint and its streaming twin: botocore names the runtime's events after its service id.
+    _active.botocore_session.register("before-call.sagemaker-runtime", RuntimeAPI(api.hosting))
     boto3.DEFAULT_SESSION = _active.session
     warm_start_client.warm_up()
     return _active.session

@@ -21,6 +21,7 @@ from botocore.utils import parse_to_aware_datetime
 
 from ..local_account import ACCOUNT_ID  # local mode's account, defined once for both environments
 from . import runner
+from .endpoints import Hosting
 from .os_utils import is_same_process, process_identity
 from .storage import to_wire
 from .validation import ServiceError, validate_create_training_job
@@ -41,6 +42,9 @@ class SageMakerAPI:
             "ListTags": self.list_tags,
             "DeleteTags": self.delete_tags,
         }
+        # Real-time endpoints (endpoints.py): Model.deploy(), Predictor.delete_endpoint(), raw boto3.
+        self.hosting = Hosting(aws)
+        self._operations.update(self.hosting.operations)
 
     def __call__(self, model, params, **kwargs):
         """The botocore event handler."""
@@ -50,7 +54,7 @@ class SageMakerAPI:
             if operation is None:
                 raise ServiceError(
                     "ValidationException",
-                    f"Local mode answers the training-job API only ({', '.join(self._operations)}); "
+                    f"Local mode answers the training-job and endpoint APIs only ({', '.join(self._operations)}); "
                     f"{model.name} needs SageMaker: make_session(run_mode='sagemaker').",
                 )
             body = json.loads(params.get("body") or b"{}")
