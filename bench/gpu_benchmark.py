@@ -8,9 +8,14 @@ random from a configuration, token ids random (SFT) or from the tiny offline tok
 
 1. SFT: a Qwen2.5-1.5B-shaped model, fp32 master weights, FSDP2 ``fully_shard`` per decoder layer
    with bf16 compute and activation checkpointing (``common.distributed.wrap_model(strategy="fsdp")``),
-   AdamW and the loss of ``sft.py`` (``models.build_optimizer``, ``sft.token_loss_sum``). Tokens/s
+   AdamW and the loss of ``sft.py`` (``models.build_optimizer``, ``sft.batch_loss_sum``). Tokens/s
    over all GPUs and MFU = 6 x parameters x tokens/s (+ causal attention) / (GPUs x peak bf16
    FLOP/s); recomputation is not counted as useful work. Goal: MFU >= 40 % on H100/H200.
+1b. The SFT options before and after, in this one process on this one card: Qwen2.5-0.5B-, 1.5B-
+   and 3B-shaped models at micro-batches ``--options_micro_batches`` (2 and 4) x ``--seq_len``,
+   each with today's defaults (full recomputation, whole logits), with ``--loss_chunk_tokens 2048``,
+   and with that and ``--activation_checkpointing selective`` (``SFT_OPTIONS``): tokens/s, MFU, and
+   the measured peak memory against ``bench.memory_plan``'s prediction for the same options.
 2. GRPO (one process only): ``grpo.train`` against TRL's ``GRPOTrainer``, both sampling with
    transformers ``generate``, same model (Qwen2.5-0.5B-shaped, random, tiny tokenizer), prompts,
    group size and lengths; step time split into generation, reward and the rest, alternating
@@ -158,9 +163,17 @@ def start_process_group():
 
 
 def train_steps_fsdp(
-    model, learners, micro_batch: int, seq_len: int, vocab_size: int, steps: int, gradient_accumulation: int = 1
+    model,
+    learners,
+    micro_batch: int,
+    seq_len: int,
+    vocab_size: int,
+    steps: int,
+    gradient_accumulation: int = 1,
+    loss_chunk_tokens: int = 0,
 ) -> list[float]:
-    """``steps`` SFT optimizer steps on random tokens with sft.py's loss and optimizer; seconds each."""
+    """``steps`` SFT optimizer steps on random tokens with sft.py's loss (``sft.batch_loss_sum``,
+    whole or chunked) and optimizer; seconds each."""
     import sft
     from common import distributed, models
 
@@ -171,12 +184,12 @@ def train_steps_fsdp(
         started = time.perf_counter()
         for micro_step in range(gradient_accumulation):
             input_ids = torch.randint(0, vocab_size, (micro_batch, seq_len), generator=generator).to(learners.device)
+            batch = {"input_ids": input_ids, "attention_mask": None, "labels": input_ids}
             with distributed.gradient_sync(model, micro_step == gradient_accumulation - 1):
                 with distributed.autocast(learners):
-                    logits = model(input_ids=input_ids).logits
-                loss_sum, count = sft.token_loss_sum(logits, input_ids)
+                    loss_sum, count = sft.batch_loss_sum(model, batch, loss_chunk_tokens)
                 (loss_sum / count / gradient_accumulation).backward()
-                del logits
+                del loss_sum
         distributed.clip_grad_norm(model, 1.0)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
@@ -186,9 +199,18 @@ def train_steps_fsdp(
     return times
 
 
-def sft_benchmark(
-    learners, shape: ModelShape, micro_batch: int, seq_len: int, warmup: int, steps: int, log
-) -> list[Row]:
+def measure_sft(
+    learners,
+    shape: ModelShape,
+    micro_batch: int,
+    seq_len: int,
+    warmup: int,
+    steps: int,
+    recompute: str = "full",
+    loss_chunk_tokens: int = 0,
+) -> tuple[float, float | None, float]:
+    """Tokens/s over all GPUs, MFU (None without a known peak) and peak memory in MiB of FSDP2 SFT
+    steps of a random ``shape`` model with the given recomputation and loss chunking."""
     from common import distributed
     from transformers import Qwen2ForCausalLM
 
@@ -197,18 +219,28 @@ def sft_benchmark(
     with torch.device(learners.device):  # built where it trains: no 6 GB copy from the CPU
         model = Qwen2ForCausalLM(qwen2_config(shape))
     model.train()
-    model = distributed.wrap_model(model, learners, "fsdp")  # FSDP2 + bf16 + activation checkpointing
-    times = train_steps_fsdp(model, learners, micro_batch, seq_len, shape.vocab_size, warmup + steps)[warmup:]
+    model = distributed.wrap_model(model, learners, "fsdp", activation_checkpointing=recompute)  # FSDP2 + bf16
+    times = train_steps_fsdp(
+        model, learners, micro_batch, seq_len, shape.vocab_size, warmup + steps, loss_chunk_tokens=loss_chunk_tokens
+    )[warmup:]
+    memory = memory_now(learners.device)
+    del model
     step_time = median(times)
     tokens_per_s = learners.world_size * micro_batch * seq_len / step_time
     peak = peak_flops(learners.device)
     mfu = flops_per_token(shape, seq_len) * tokens_per_s / (learners.world_size * peak) if peak else None
-    memory = memory_now(learners.device)
+    return tokens_per_s, mfu, memory
+
+
+def sft_benchmark(
+    learners, shape: ModelShape, micro_batch: int, seq_len: int, warmup: int, steps: int, log
+) -> list[Row]:
+    tokens_per_s, mfu, memory = measure_sft(learners, shape, micro_batch, seq_len, warmup, steps)
+    step_time = learners.world_size * micro_batch * seq_len / tokens_per_s
     log(
         f"SFT {params_label(shape)}: {step_time:.3f} s/step, {tokens_per_s:.0f} tokens/s, "
         f"MFU {'-' if mfu is None else f'{100 * mfu:.1f} %'}, peak memory {memory:.0f} MiB"
     )
-    del model
     case = (
         f"{params_label(shape)} params, {learners.world_size} x {learners.device.type}, "
         f"micro-batch {micro_batch} x {seq_len} tokens"
@@ -227,6 +259,81 @@ def sft_benchmark(
             notes="goal >= 40 % on H100/H200" if mfu is not None else "no bf16 peak known for this device",
         ),
     ]
+
+
+# --------------------------------------------------------------------------- 1b. the SFT options, before and after
+
+# Three sizes of the Qwen2.5 family (config.json of Qwen/Qwen2.5-0.5B and -3B; 1.5B in bench.memory_plan).
+QWEN2_5_0_5B = ModelShape(151936, 896, 4864, 24, 14, 2, tied_embeddings=True, qkv_bias=True)
+QWEN2_5_3B = ModelShape(151936, 2048, 11008, 36, 16, 2, tied_embeddings=True, qkv_bias=True)
+# (label, recompute, loss_chunk_tokens): today's defaults first, then the new options alone and together.
+SFT_OPTIONS = [
+    ("before: full recompute, whole logits", "full", 0),
+    ("after: full recompute, loss chunks of 2048", "full", 2048),
+    ("after: selective recompute, loss chunks of 2048", "selective", 2048),
+]
+
+
+def sft_options_benchmark(
+    learners, shapes: dict[str, ModelShape], micro_batches: list[int], seq_len: int, warmup: int, steps: int, log
+) -> list[Row]:
+    """Every shape x micro-batch x ``SFT_OPTIONS`` in this one process on this one card: tokens/s, MFU
+    and peak memory, against the memory plan's prediction for the same options."""
+    rows = []
+    kind = "max allocated" if learners.device.type == "cuda" else "RSS"
+    for name, shape in shapes.items():
+        for micro_batch in micro_batches:
+            for label, recompute, chunk in SFT_OPTIONS:
+                case = f"{name}, micro-batch {micro_batch} x {seq_len}, {label}"
+                plan = memory_plan(
+                    shape, learners.world_size, micro_batch, seq_len, recompute=recompute, loss_chunk_tokens=chunk
+                )
+                try:
+                    tokens_per_s, mfu, memory = measure_sft(
+                        learners, shape, micro_batch, seq_len, warmup, steps, recompute, chunk
+                    )
+                except torch.OutOfMemoryError:
+                    reset_peak(learners.device)
+                    log(f"SFT {case}: out of memory (planned {plan['total'] / GIB:.1f} GiB)")
+                    rows.append(
+                        Row(
+                            "sft options",
+                            case,
+                            None,
+                            "tokens/s",
+                            plan["total"] / GIB,
+                            "plan GiB",
+                            notes="out of memory",
+                        )
+                    )
+                    continue
+                log(
+                    f"SFT {case}: {tokens_per_s:.0f} tokens/s, MFU {'-' if mfu is None else f'{100 * mfu:.1f} %'}, "
+                    f"peak {memory / 1024:.2f} GiB, planned {plan['total'] / GIB:.2f} GiB"
+                )
+                rows.append(
+                    Row(
+                        "sft options",
+                        case,
+                        tokens_per_s,
+                        "tokens/s",
+                        memory_mib=memory,
+                        memory_kind=kind,
+                        notes=f"MFU {'-' if mfu is None else f'{100 * mfu:.1f} %'}",
+                    )
+                )
+                rows.append(
+                    Row(
+                        "sft options: memory",
+                        case,
+                        memory / 1024,
+                        "GiB",
+                        plan["total"] / GIB,
+                        "plan",
+                        notes=f"measured {kind} / predicted",
+                    )
+                )
+    return rows
 
 
 # --------------------------------------------------------------------------- 3. memory plan check
@@ -399,10 +506,18 @@ def main(argv: list[str] | None = None) -> Path:
     parser.add_argument("--steps", type=int, default=10, help="SFT steps measured (default: 10)")
     parser.add_argument("--grpo_rounds", type=int, default=2, help="alternations of ours and TRL (default: 2)")
     parser.add_argument("--grpo_steps", type=int, default=3, help="GRPO steps measured per run (default: 3)")
+    parser.add_argument(
+        "--options_micro_batches",
+        type=int,
+        nargs="+",
+        default=[2, 4],
+        help="SFT options section: micro-batches tried at every size (default: 2 4)",
+    )
+    parser.add_argument("--options_steps", type=int, default=3, help="SFT options: steps measured per run (default: 3)")
     parser.add_argument("--plan_micro_batch", type=int, default=1, help="8 B plan: sequences per GPU (default: 1)")
     parser.add_argument("--plan_seq_len", type=int, default=4096, help="8 B plan: sequence length (default: 4096)")
     parser.add_argument(
-        "--skip", nargs="*", default=[], choices=["sft", "grpo", "memory"], help="sections to leave out"
+        "--skip", nargs="*", default=[], choices=["sft", "options", "grpo", "memory"], help="sections to leave out"
     )
     parser.add_argument("--out", default=str(REPO_ROOT / "outputs" / "bench" / "gpu_benchmark.md"))
     args = parser.parse_args(argv)
@@ -429,6 +544,26 @@ def main(argv: list[str] | None = None) -> Path:
     sft_shape = SMOKE_SHAPE if args.smoke else QWEN2_5_1_5B
     if "sft" not in args.skip:
         rows += sft_benchmark(learners, sft_shape, args.micro_batch, args.seq_len, args.warmup, args.steps, log)
+    if "options" not in args.skip:
+        shapes = (
+            {f"smoke {layers}-layer": SMOKE_SHAPE.replace(num_layers=layers) for layers in (1, 2, 3)}
+            if args.smoke
+            else {
+                "Qwen2.5-0.5B shape": QWEN2_5_0_5B,
+                "Qwen2.5-1.5B shape": QWEN2_5_1_5B,
+                "Qwen2.5-3B shape": QWEN2_5_3B,
+            }
+        )
+        micro_batches = [1, 2] if args.smoke else args.options_micro_batches
+        rows += sft_options_benchmark(
+            learners,
+            shapes,
+            micro_batches,
+            args.seq_len,
+            1 if args.smoke else 2,
+            1 if args.smoke else args.options_steps,
+            log,
+        )
     plan_shape = LLAMA_3_1_8B if not args.smoke else SMOKE_SHAPE.replace(num_layers=8)
     plan = memory_plan(plan_shape, world_size=8, micro_batch=args.plan_micro_batch, seq_len=args.plan_seq_len)
     if "memory" not in args.skip and learners.world_size == 1:

@@ -24,7 +24,16 @@ def test_gpu_benchmark_smoke_on_cpu(tmp_path, tiny_model_path):
     )
     assert completed.returncode == 0, completed.stdout[-3000:] + completed.stderr[-3000:]
 
-    rows = {(row["benchmark"]): row for row in json.loads(out.with_suffix(".json").read_text())}
+    listed = json.loads(out.with_suffix(".json").read_text())
+    rows = {(row["benchmark"]): row for row in listed}
+    # the options section: 3 sizes x 2 micro-batches x 3 option sets, each measured and planned
+    options = [row for row in listed if row["benchmark"] == "sft options"]
+    planned = [row for row in listed if row["benchmark"] == "sft options: memory"]
+    assert len(options) == len(planned) == 18
+    assert all(row["ours"] > 0 and row["memory_mib"] > 0 for row in options)
+    assert all(row["baseline"] > 0 for row in planned)  # the plan's prediction (CPU memory is RSS)
+    assert any("before: full recompute, whole logits" in row["case"] for row in options)
+    assert any("selective recompute, loss chunks of 2048" in row["case"] for row in options)
     assert rows["sft throughput"]["ours"] > 0
     assert rows["sft throughput"]["memory_mib"] > 0
     grpo = rows["grpo step"]
