@@ -95,14 +95,14 @@ def _shown(answer: str, width: int = 40) -> str:
 
 
 def describe_answers(diversity: dict) -> str:
-    """'32 answers, 14 distinct; the most common, '18', 5 of 32' (and how many gave no answer), or
-    'collapsed: 32 of 32 answers are '2''."""
+    """'32 answers, 14 distinct; the most common, '18', 5 of 32' (and how many gave no answer),
+    'collapsed: 32 of 32 answers are '2'', or 'none of the 32 completions gave an answer'."""
     n, top, count = diversity["answers"], diversity["most_common_answer"], diversity["most_common_count"]
     if collapsed(diversity):
         return f"collapsed: {count} of {n} answers are {_shown(top)}"
-    text = f"{n} answers, {diversity['distinct_answers']} distinct"
-    if top is not None:
-        text += f"; the most common, {_shown(top)}, {count} of {n}"
+    if top is None:
+        return f"none of the {n} completions gave an answer"
+    text = f"{n} answers, {diversity['distinct_answers']} distinct; the most common, {_shown(top)}, {count} of {n}"
     if diversity["no_answer"]:
         text += f"; {diversity['no_answer']} without an answer"
     return text

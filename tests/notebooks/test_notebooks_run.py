@@ -16,6 +16,7 @@ import pytest
 
 from helpers import run_notebooks
 from helpers.metrics import merge_by_step
+from scripts.common import stats
 
 # What each notebook must send, whatever the run mode: its cloud configuration. (The CI
 # parameters change the model, data and steps only.)
@@ -225,7 +226,7 @@ def test_trained_models_load_and_run(notebook_run, prefix, tmp_path):
 def test_grpo_model_was_evaluated_before_and_after(notebook_run):
     state = notebook_run.state
     evaluation = state["evaluation"]
-    assert set(evaluation) == {"base", "trained"}
+    assert set(evaluation) == {"base", "trained", "change"}  # the change: paired, with each model's answers
     for label in ("base", "trained"):
         assert 0.0 <= evaluation[label]["accuracy"] <= 1.0
     requests = {job["job_name"]: job["request"] for job in notebook_run.jobs("06")}
@@ -319,12 +320,35 @@ def test_code_rl_writes_programs_more_often(notebook_run):
     assert last < first - 0.1, (first, last)
 
 
-def test_held_out_accuracy_rises_with_the_same_checker(notebook_run):
+def _section(notebook_run, heading: str) -> str:
+    """The summary's section under ``heading``, up to the next one."""
+    return (notebook_run.out / "summary.md").read_text().split(heading, 1)[1].split("\n## ", 1)[0]
+
+
+def _says_what_the_answers_allow(section: str, change: dict) -> None:
+    """A summary section claims a gain only where the rule allows one (beyond two standard errors, and
+    the trained model's answers not collapsed); where they collapsed, it says so and claims none."""
+    after = change["after_answer_diversity"]
+    assert stats.judge_change(change["change"], change["change_standard_error"], after) in section, section
+    if stats.collapsed(after):
+        assert stats.describe_answers(after) in section and ": a gain" not in section, section
+
+
+def test_held_out_accuracy_counts_as_a_gain_only_when_the_answers_did_not_collapse(notebook_run):
+    """Notebook 6's greedy evaluation on the same held-out problems before and after GRPO. A tiny model can
+    raise its accuracy by giving one answer to most problems (it scores the problems whose reference is that
+    answer): the rise counts only beyond two standard errors and without that collapse, and where the answers
+    collapsed the summary says "collapsed" beside the figures."""
     evaluation = notebook_run.state["evaluation"]
-    assert (
-        evaluation["trained"]["n"] == evaluation["base"]["n"] == run_notebooks.CI_PARAMETERS["06"]["max_eval_examples"]
-    )
-    assert evaluation["trained"]["accuracy"] > evaluation["base"]["accuracy"] + 0.1, evaluation
+    examples = run_notebooks.CI_PARAMETERS["06"]["max_eval_examples"]
+    assert evaluation["trained"]["n"] == evaluation["base"]["n"] == examples
+    change = evaluation["change"]
+    assert change["before_answer_diversity"]["answers"] == change["after_answer_diversity"]["answers"] == examples
+    section = _section(notebook_run, "## GSM8K accuracy on held-out problems")
+    _says_what_the_answers_allow(section, change)
+    after = change["after_answer_diversity"]
+    if not stats.collapsed(after):
+        assert stats.counts_as_gain(change["change"], change["change_standard_error"], after), change
 
 
 def test_code_rl_held_out_pass_rate_is_measured_before_and_after_on_the_same_draws(notebook_run):
@@ -338,6 +362,9 @@ def test_code_rl_held_out_pass_rate_is_measured_before_and_after_on_the_same_dra
     assert after["model"] == trained
     assert "Code RL: held-out pass rate before and after" in (notebook_run.out / "summary.md").read_text()
     assert all(math.isfinite(held_out[k]) for k in ("before", "after", "change", "change_standard_error"))
+    answers = held_out["examples"] * held_out["samples_per_example"]  # every program counted, before and after
+    assert held_out["before_answer_diversity"]["answers"] == held_out["after_answer_diversity"]["answers"] == answers
+    _says_what_the_answers_allow(_section(notebook_run, "## Code RL: held-out pass rate before and after"), held_out)
 
 
 def test_summary_says_what_each_curve_shows(notebook_run):

@@ -18,6 +18,7 @@ import pytest
 
 from helpers import run_notebooks
 from helpers.models_offline import smollm2_installed
+from scripts.common import stats
 
 from .conftest import NotebookRun
 
@@ -95,6 +96,8 @@ def test_held_out_accuracy_rises_with_the_same_checker(smollm2_run):
     evaluation = smollm2_run.state["evaluation"]
     assert evaluation["trained"]["n"] == evaluation["base"]["n"] == PROFILE["06"]["max_eval_examples"]
     assert evaluation["trained"]["accuracy"] > evaluation["base"]["accuracy"], evaluation
+    # a rise counts only when the trained model's answers did not collapse into one
+    assert not stats.collapsed(evaluation["change"]["after_answer_diversity"]), evaluation["change"]
 
 
 def test_generations_before_and_after_are_readable_sentences(smollm2_run):
@@ -135,6 +138,7 @@ def test_session_grpo_on_the_real_model_raises_held_out_accuracy_beyond_its_nois
     held_out = record["held_out"]
     gain = held_out["after"] - held_out["before"]
     assert gain >= 0.15 and gain >= 2 * held_out["change_standard_error"], held_out
+    assert not stats.collapsed(held_out["after_answer_diversity"]), held_out  # not one answer to most problems
     assert record["reward"]["last_third"] > record["reward"]["first_third"], record["reward"]
     # The sampler's log-probs and the trained model's agree: exactly in fp32; in bf16 (the profile's on a CPU
     # with bf16 instructions: forward_backward in bf16, sampling in fp32) to its rounding, which put 0-2.5%
@@ -168,6 +172,7 @@ def test_session_code_rl_on_the_real_model_raises_the_held_out_pass_rate_beyond_
     )
     gain = held_out["after"] - held_out["before"]
     assert gain >= 2 * held_out["change_standard_error"] > 0, held_out
+    assert not stats.collapsed(held_out["after_answer_diversity"]), held_out  # not one program for most problems
     assert record["pass_rate"]["last_quarter"] > record["pass_rate"]["first_quarter"], record["pass_rate"]
 
 
@@ -180,3 +185,4 @@ def test_job_code_rl_on_the_real_model_raises_the_held_out_pass_rate_beyond_its_
     assert held_out["data_set"] == "functions" and held_out["examples"] == PROFILE["04"]["eval_examples"]
     assert held_out["samples_per_example"] == PROFILE["04"]["eval_samples"] and held_out["temperature"] == 1.0
     assert held_out["change"] >= 2 * held_out["change_standard_error"] > 0, held_out
+    assert not stats.collapsed(held_out["after_answer_diversity"]), held_out  # not one program for most problems

@@ -18,6 +18,7 @@ import pytest
 
 from helpers import run_notebooks, training_session_notebooks
 from helpers.notebook_hygiene import cut_notebooks, kernel_environment, problems
+from scripts.common import stats
 
 REPO = Path(__file__).resolve().parents[2]
 SESSION_NOTEBOOKS = sorted(
@@ -246,11 +247,15 @@ def test_session_grpo_raises_the_reward(notebook_run):
     assert record["reward"]["last_third"] > record["reward"]["first_third"], record["reward"]
     # Held-out accuracy on 64 problems x 16 answers each, the same sampling seeds before and after.
     held_out = record["held_out"]
-    assert held_out["after"] > held_out["before"], held_out
+    # a rise counts only when the answers did not collapse into one (most of them the same number)
+    assert held_out["after"] > held_out["before"] and not stats.collapsed(held_out["after_answer_diversity"]), held_out
     assert 0 < held_out["change_standard_error"] < 0.1 and held_out["problems"] == 64, held_out
+    assert held_out["after_answer_diversity"]["answers"] == 64 * 16, held_out
     assert record["final_metrics"]["clip_fraction"] == 0  # on-policy: every ratio is 1
     assert record["billable_tokens"]["sample"] > 0 and record["billable_tokens"]["training"] > 0
-    assert "## Training sessions" in (notebook_run.out / "summary.md").read_text()
+    summary = (notebook_run.out / "summary.md").read_text()
+    assert "## Training sessions" in summary
+    assert all(line in summary for line in training_session_notebooks.held_out_lines(held_out)), held_out
 
 
 def test_session_grpo_resumed_with_its_optimizer_repeats_the_steps_and_without_it_does_not(notebook_run):
@@ -273,6 +278,11 @@ def test_session_code_rl_judges_every_step_in_the_sandbox_while_sampling(noteboo
     assert record["billable_tokens"]["sample"] > 0 and record["billable_tokens"]["training"] > 0
     summary = (notebook_run.out / "summary.md").read_text()
     assert "09_training_session_code_rl" in summary and "completions without a program" in summary
+    # the held-out programs counted before and after, and the summary's verdict on the change is the rule's
+    held_out, parameters = record["held_out"], training_session_notebooks.CI_PARAMETERS["09"]
+    answers = parameters["held_out_problems"] * parameters["held_out_samples"]
+    assert held_out["before_answer_diversity"]["answers"] == held_out["after_answer_diversity"]["answers"] == answers
+    assert all(line in summary for line in training_session_notebooks.held_out_lines(held_out)), held_out
 
 
 def test_session_code_rl_writes_programs_more_often(notebook_run):

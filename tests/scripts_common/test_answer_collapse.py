@@ -28,6 +28,7 @@ def test_answers_are_counted_with_the_most_common_ones_share_of_all_evaluated():
     silent = stats.answer_diversity([None] * 4)
     assert (silent["distinct_answers"], silent["most_common_answer"], silent["most_common_share"]) == (0, None, 0.0)
     assert not stats.collapsed(silent)
+    assert stats.describe_answers(silent) == "none of the 4 completions gave an answer"
     with pytest.raises(ValueError, match="at least one answer"):
         stats.answer_diversity([])
 
