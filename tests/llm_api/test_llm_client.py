@@ -190,8 +190,8 @@ def test_configuration_comes_from_the_standard_variables(monkeypatch, llm_server
 
 def test_token_bucket_waits_for_its_rate():
     async def run():
-        bucket = TokenBucket(per_minute=120)  # 2 a second, bursts of 120
-        await bucket.take(120)
+        bucket = TokenBucket(per_minute=120)  # 2 a second, bursts of one second's worth: 2
+        await bucket.take(120)  # more than the bucket holds: takes the whole bucket
         started = time.monotonic()
         await bucket.take(1)  # empty: waits ~0.5 s for one unit
         waited = time.monotonic() - started

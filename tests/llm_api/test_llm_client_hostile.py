@@ -215,7 +215,7 @@ def test_the_requests_limit_spreads_a_burst_over_the_minute():
                 asked = [
                     asyncio.ensure_future(client.complete([{"role": "user", "content": f"q{i}"}])) for i in range(63)
                 ]
-                await asyncio.sleep(2.5)
+                await asyncio.sleep(3.5)
                 for request in asked:
                     request.cancel()
                 await asyncio.gather(*asked, return_exceptions=True)
@@ -224,7 +224,7 @@ def test_the_requests_limit_spreads_a_burst_over_the_minute():
     first = proxy.log[0][1]
     arrived = [when - first for _, when in proxy.log]
     assert sum(t < 0.5 for t in arrived) <= 2, arrived  # one, and one more where the machine stalled
-    assert 2 <= len(arrived) <= 4, arrived  # about one a second for 2.5 s, at most one second's worth more
+    assert 2 <= len(arrived) <= 5, arrived  # about one a second for 3.5 s (4), at most one second's worth more
 
 
 def test_a_bucket_holds_one_seconds_worth():
