@@ -1,0 +1,186 @@
+"""The README's results table is the rendering of a run's kept summary, not figures typed by hand.
+
+``python -m helpers.results_table <summary.json> --keep docs/runs/main-tiny.json --write README.md``
+writes both; these tests fail when either is edited without the other, and check the rendering
+itself on a small made-up summary.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from helpers import results_table
+
+REPO = Path(__file__).resolve().parents[2]
+KEPT = REPO / "docs" / "runs" / "main-tiny.json"
+README = REPO / "README.md"
+
+
+def test_readme_table_is_the_rendering_of_the_kept_summary():
+    summary = json.loads(KEPT.read_text())
+    shown = results_table.between_markers(README.read_text())
+    assert shown == results_table.render(summary), (
+        "README.md's results table differs from the rendering of docs/runs/main-tiny.json: regenerate it "
+        "with python -m helpers.results_table <run>/summary.json --keep docs/runs/main-tiny.json --write README.md"
+    )
+
+
+def test_kept_summary_names_its_run_and_holds_no_absolute_paths():
+    summary = json.loads(KEPT.read_text())
+    provenance = summary["provenance"]
+    assert provenance["model"] and provenance["date"] != "unknown"
+    assert provenance["machine"]["cpu"] and provenance["machine"]["cores"] >= 1
+    assert summary["ok"], "the README's figures come from a run in which every notebook ran"
+    text = json.dumps(summary)
+    assert not re.search(r'"/(tmp|home|root|work|Users|var)/', text), "an absolute path of the machine it ran on"
+    assert results_table.rows(summary), "the kept summary has no held-out figure"
+
+
+SUMMARY = {
+    "ok": True,
+    "model": "tiny",
+    "notebooks": [
+        {"notebook": "00_setup_and_data", "status": "ok"},
+        {"notebook": "01_estimator_sft", "status": "failed"},
+    ],
+    "provenance": {"model": "tiny", "date": "2025-01-02", "machine": {"cpu": "Some CPU @ 2GHz", "cores": 2}},
+    "code_rl_evaluation": {
+        "before": 0.0,
+        "before_standard_error": 0.0,
+        "after": 0.125,
+        "after_standard_error": 0.05,
+        "change": 0.125,
+        "change_standard_error": 0.05,
+        "examples": 16,
+        "samples_per_example": 1,
+        "temperature": 0.0,
+    },
+    "evaluation": {
+        "base": {"accuracy": 0.0, "standard_error": 0.0, "n": 32.0, "job_name": "eval-base"},
+        "trained": {"accuracy": 0.1875, "standard_error": 0.069, "n": 32.0, "job_name": "eval-trained"},
+    },
+    "training_sessions": [
+        {
+            "notebook": "07_training_session_sft",
+            "held_out_loss": {
+                "before": {"loss": 6.884, "standard_error": 0.012, "conversations": 19},
+                "after": {"loss": 6.023, "standard_error": 0.030, "conversations": 19},
+            },
+        },
+        {
+            "notebook": "08_training_session_grpo",
+            "held_out": {
+                "before": 0.25,
+                "before_standard_error": 0.02,
+                "after": 0.5,
+                "after_standard_error": 0.03,
+                "change_standard_error": 0.04,
+                "problems": 64,
+                "samples_per_problem": 16,
+                "before_answer_diversity": {"answers": 1024, "distinct_answers": 40, "most_common_share": 0.1},
+                "after_answer_diversity": {"answers": 1024, "distinct_answers": 12, "most_common_share": 0.45},
+            },
+        },
+    ],
+}
+
+
+def test_rendering_of_a_made_up_summary():
+    text = results_table.render(SUMMARY)
+    lines = text.splitlines()
+    assert lines[0].startswith("Model `tiny`, run of 2025-01-02 on Some CPU @ 2GHz, 2 cores; 1 of 2 notebooks ran.")
+    assert lines[2] == (
+        "| notebook | what is measured | before | after | change | distinct answers | most common answer's share |"
+    )
+    rows = [line.split(" | ") for line in lines[4:]]
+    assert [row[0] for row in rows] == ["| 04", "| 06", "| 07", "| 08"]
+    code, gsm8k, sft, grpo = rows
+    # a paired change, with its size in standard errors
+    assert code[2:5] == ["0.000 ± 0.000", "0.125 ± 0.050", "+0.125 ± 0.050, +2.5 s.e."]
+    assert "16 problems x 1 answer(s) at temperature 0.0" in code[1]
+    # no paired standard error in the summary: the change alone
+    assert gsm8k[2:5] == ["0.000 ± 0.000", "0.188 ± 0.069", "+0.188"]
+    assert sft[2:5] == ["6.884 ± 0.012", "6.023 ± 0.030", "-0.861"]
+    # the answer-diversity fields, where the summary has them; "-" where it does not
+    assert grpo[4:] == ["+0.250 ± 0.040, +6.2 s.e.", "40 -> 12", "0.10 -> 0.45 |"]
+    assert code[5:] == ["-", "- |"]
+
+
+def test_diversity_fields_in_the_before_and_after_records():
+    summary = {
+        "provenance": SUMMARY["provenance"],
+        "training_sessions": [
+            {
+                "notebook": "12_training_session_dpo",
+                "preference": {
+                    "held_out_before": {"likelihood_accuracy": 0.5, "likelihood_accuracy_se": 0.09, "pairs": 32},
+                    "held_out_after": {
+                        "likelihood_accuracy": 0.5625,
+                        "likelihood_accuracy_se": 0.09,
+                        "pairs": 32,
+                        "unique_answers": 3,
+                    },
+                },
+            }
+        ],
+    }
+    (row,) = results_table.rows(summary)
+    assert row["notebook"] == "12" and row["before"] == "0.500 ± 0.090" and row["after"] == "0.562 ± 0.090"
+    assert row["distinct"] == "- -> 3"  # in the record after training only
+    assert row["share"] == "-"
+
+
+def test_diversity_as_one_entry_with_before_and_after_or_inside_an_evaluation():
+    record = {"distinct_answers": {"before": 9, "after": 2}, "most_common_share": 0.75}
+    assert results_table._diversity(record, results_table.DISTINCT_KEYS, share=False) == "9 -> 2"
+    assert results_table._diversity(record, results_table.SHARE_KEYS, share=True) == "0.75"
+    evaluation = {
+        "base": {"accuracy": 0.0, "answer_diversity": {"distinct_answers": 20, "most_common_share": 0.125}},
+        "trained": {"accuracy": 0.25, "answer_diversity": {"distinct_answers": 3, "most_common_share": 0.5}},
+    }
+    (row,) = results_table.rows({"evaluation": evaluation})
+    assert (row["distinct"], row["share"]) == ("20 -> 3", "0.12 -> 0.50")
+
+
+def test_write_between_markers_and_check(tmp_path):
+    summary_file = tmp_path / "summary.json"
+    summary_file.write_text(json.dumps(SUMMARY))
+    readme = tmp_path / "README.md"
+    readme.write_text(f"# Title\n\n{results_table.BEGIN}\nold figures\n{results_table.END}\n\nAfter.\n")
+    assert results_table.main([str(summary_file), "--check", str(readme)]) == 1
+    assert results_table.main([str(summary_file), "--write", str(readme)]) == 0
+    text = readme.read_text()
+    assert "old figures" not in text and text.endswith(f"{results_table.END}\n\nAfter.\n")
+    assert results_table.between_markers(text) == results_table.render(SUMMARY)
+    assert results_table.main([str(summary_file), "--check", str(readme)]) == 0
+    readme.write_text("no markers\n")
+    with pytest.raises(ValueError):
+        results_table.main([str(summary_file), "--write", str(readme)])
+
+
+def test_kept_copy_removes_the_run_folder_and_adds_provenance(tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    summary = {
+        "model": None,
+        "paths": {
+            "executed notebooks": str(run / "notebooks"),
+            "state file": str(run / "work" / "state.json"),
+            "elsewhere": "/tmp/x/y/summary.md",
+        },
+        "notebooks": [{"notebook": "00_setup_and_data", "executed": str(results_table.REPO / "notebooks")}],
+    }
+    (run / "summary.json").write_text(json.dumps(summary))
+    kept = results_table.kept_copy(summary, run / "summary.json")
+    assert kept["paths"] == {
+        "executed notebooks": "<run>/notebooks",
+        "state file": "<run>/work/state.json",
+        "elsewhere": "summary.md",
+    }
+    assert kept["notebooks"][0]["executed"] == "./notebooks"
+    assert kept["provenance"]["model"] == "tiny" and kept["provenance"]["machine"]["cores"] >= 1
+    assert re.fullmatch(r"\d{4}-\d\d-\d\d", kept["provenance"]["date"])
