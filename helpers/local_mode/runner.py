@@ -104,13 +104,14 @@ class TrainingJob:
             + ", ".join(f"{g['InstanceGroupName']}: {g['InstanceCount']} x {g['InstanceType']}" for g in groups)
             + f"), image -> {module or 'script mode (sagemaker_program with this Python)'}"
         )
-        gpus = gpu_count()
+        gpus, instance = gpu_count(), groups[0]["InstanceType"]
+        on_sagemaker = "has GPUs" if instance.startswith(("ml.p", "ml.g")) else "has none either"  # P and G: NVIDIA
         status.say(
             f"{gpus} GPU(s) on this machine: SM_NUM_GPUS={gpus}, "
             + (
                 f"{gpus} process(es) per host"
                 if gpus
-                else f"one process per host on CPU (a {groups[0]['InstanceType']} has GPUs on SageMaker)"
+                else f"one process per host on CPU (a {instance} {on_sagemaker} on SageMaker)"
             )
         )
 
