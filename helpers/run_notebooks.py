@@ -771,10 +771,10 @@ def render_markdown(summary: dict) -> str:
             "when the trained model's answers did not collapse (most of them one answer).",
             "",
         ]
-        if evaluation.get("change"):  # notebook 6's paired change, with each model's answers
+        if evaluation.get("held_out_change"):  # notebook 6's paired change, with each model's answers
             from helpers.metrics import describe_change
 
-            lines += [f"- {line}" for line in describe_change(evaluation["change"]).splitlines()]
+            lines += [f"- {line}" for line in describe_change(evaluation["held_out_change"]).splitlines()]
             jobs = (f"{which} {evaluation[which].get('job_name', '')}" for which in ("base", "trained"))
             lines.append(f"- evaluation jobs: {', '.join(jobs)}")
         else:  # a state file from before notebook 6 kept its change: each model's figure alone

@@ -59,7 +59,7 @@ def _summary_markdown(after: dict) -> str:
         "evaluation": {
             "base": {"job_name": "eval-base-1", "accuracy": change["before"], "n": 32},
             "trained": {"job_name": "eval-trained-1", "accuracy": change["after"], "n": 32},
-            "change": change,
+            "held_out_change": change,
         },
         "code_rl_evaluation": {**change, "data_set": "code", "jobs": {"before": "code-eval-before-1"}},
     }

@@ -226,7 +226,7 @@ def test_trained_models_load_and_run(notebook_run, prefix, tmp_path):
 def test_grpo_model_was_evaluated_before_and_after(notebook_run):
     state = notebook_run.state
     evaluation = state["evaluation"]
-    assert set(evaluation) == {"base", "trained", "change"}  # the change: paired, with each model's answers
+    assert set(evaluation) == {"base", "trained", "held_out_change"}  # paired, with each model's answers
     for label in ("base", "trained"):
         assert 0.0 <= evaluation[label]["accuracy"] <= 1.0
     requests = {job["job_name"]: job["request"] for job in notebook_run.jobs("06")}
@@ -342,7 +342,7 @@ def test_held_out_accuracy_counts_as_a_gain_only_when_the_answers_did_not_collap
     evaluation = notebook_run.state["evaluation"]
     examples = run_notebooks.CI_PARAMETERS["06"]["max_eval_examples"]
     assert evaluation["trained"]["n"] == evaluation["base"]["n"] == examples
-    change = evaluation["change"]
+    change = evaluation["held_out_change"]
     assert change["before_answer_diversity"]["answers"] == change["after_answer_diversity"]["answers"] == examples
     section = _section(notebook_run, "## GSM8K accuracy on held-out problems")
     _says_what_the_answers_allow(section, change)
