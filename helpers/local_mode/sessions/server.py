@@ -5,7 +5,11 @@
 Which request is which, read from what botocore sends:
   * ``X-Amz-Target: SageMaker.<Operation>`` (JSON 1.1): the control plane, hub look-ups and model
     packages (control_plane.py), and the training-job operations SDK v3's ``ModelTrainer`` sends, answered
-    by local mode's job engine (``helpers.local_mode.api``, as for SDK v2 in-process);
+    by local mode's job engine (``helpers.local_mode.api``, as for SDK v2 in-process), and the real-time
+    endpoint operations (CreateModel ... DeleteEndpoint, ``helpers.local_mode.endpoints``);
+  * ``POST /endpoints/{EndpointName}/invocations[-response-stream]`` (REST-JSON, signed for ``sagemaker``):
+    SageMaker's runtime, InvokeEndpoint and its streaming twin, answered by the endpoint's inference
+    server (its stream relayed in event-stream messages as they come);
   * a path of the ``sagemakertrainingsessionruntime`` model (REST-JSON): the runtime (runtime.py);
   * anything signed for ``s3``, ``sts`` or ``logs``: handed to moto in this process, whose S3 is the
     local store of local mode (mirrored to ``$SAGEMAKER_LOCAL_ROOT/s3``), so the SDK's default bucket
@@ -48,6 +52,7 @@ from botocore.credentials import Credentials
 from botocore.validate import ParamValidator
 
 from ..api import SageMakerAPI
+from ..endpoints import HOSTING_OPERATIONS, runtime_route
 from ..validation import ServiceError
 from . import FAKE_ACCESS_KEY, SECRET_VARIABLE
 
@@ -375,7 +380,7 @@ class Endpoint:
     def control_plane(self, target: str, body: bytes) -> tuple[int, dict, bytes]:
         operation = target.split(".", 1)[1]
         try:
-            answers = CONTROL_PLANE_OPERATIONS + TRAINING_JOB_OPERATIONS
+            answers = CONTROL_PLANE_OPERATIONS + TRAINING_JOB_OPERATIONS + HOSTING_OPERATIONS
             if operation not in answers:
                 raise ServiceError(
                     "ValidationException",
@@ -383,11 +388,27 @@ class Endpoint:
                 )
             request = read_request(body)
             check_shape(request, service_model("sagemaker").operation_model(operation).input_shape)
-            handler = self.jobs if operation in TRAINING_JOB_OPERATIONS else self.control_plane_api
-            response = getattr(handler, _snake(operation))(request)
+            if operation in HOSTING_OPERATIONS:
+                response = self.jobs.hosting.operations[operation](request)
+            else:
+                handler = self.jobs if operation in TRAINING_JOB_OPERATIONS else self.control_plane_api
+                response = getattr(handler, _snake(operation))(request)
             return 200, {"Content-Type": "application/x-amz-json-1.1"}, json.dumps(response).encode()
         except ServiceError as error:
             return json_error(error.status, error.code, error.message)
+
+    # ---- SageMaker's runtime (REST-JSON): real-time endpoints
+    def invocation(self, method: str, path: str, body: bytes, headers) -> tuple[int, dict, object] | None:
+        route = runtime_route(method, path)
+        if route is None:
+            return None
+        operation, name = route
+        shape = service_model("sagemaker-runtime").operation_model(operation).input_shape
+        try:
+            check_shape({"EndpointName": name, "Body": body}, shape)
+        except ServiceError as error:
+            return rest_json_error(400, "ValidationError", error.message)
+        return self.jobs.hosting.invoke(operation, name, body, headers)
 
     # ---- runtime (REST-JSON)
     def runtime(self, method: str, path: str, body: bytes, headers=None) -> tuple[int, dict, bytes] | None:
@@ -511,13 +532,15 @@ class Handler(BaseHTTPRequestHandler):
         target = self.headers.get("X-Amz-Target", "")
         signed = _SIGNED_SERVICE.search(self.headers.get("Authorization", ""))
         service = signed.group(1) if signed else ""
-        is_runtime = not target and self.path.startswith(("/v1/training-sessions", "/training-sessions"))
+        is_runtime = not target and self.path.startswith(("/v1/training-sessions", "/training-sessions", "/endpoints/"))
         try:
             answer = answer or self._refused(body, target, service, is_runtime)
             if answer is None and target.startswith("SageMaker."):
                 answer = self.endpoint.control_plane(target, body)
             elif answer is None and (service == "sagemaker" or is_runtime):
-                answer = self.endpoint.runtime(self.command, urlsplit(self.path).path, body, self.headers)
+                path = urlsplit(self.path).path
+                answer = self.endpoint.invocation(self.command, path, body, self.headers)
+                answer = answer or self.endpoint.runtime(self.command, path, body, self.headers)
             if answer is None:
                 answer = self.endpoint.aws_service(service or "s3", self.command, self.path, dict(self.headers), body)
         except Exception:  # noqa: BLE001 - a fault of the endpoint, not of the request
