@@ -573,7 +573,7 @@ class LLMClient:
             return Structured(True, parse(completion.text), None, completion)
         except ValueError as error:  # ParseError, or any ValueError a caller's parser raises
             self.usage.parse_failures += 1  # one thread (the caller's) counts these
-            return Structured(False, None, str(error), completion)
+            return Structured(False, None, redact(str(error)), completion)  # a reason may quote the answer
 
     def cache_key(self, messages: list[dict], params: dict) -> str:
         # The request's body, not the endpoint's address: a local server's port changes from run to run.

@@ -22,6 +22,7 @@ from common.llm_client import (
     LLMRequestFailed,
     TokenBucket,
     api_key_from_secret,
+    json_object,
     redact,
     register_secret,
 )
@@ -319,3 +320,12 @@ def test_reading_the_secret_writes_no_debug_record_of_it(monkeypatch):
     assert not [r for r in records if marker in r or other in r]
     assert records[-1].endswith("DEBUG records are written again")  # the guard ends with the read
     assert redact(f"org {other}") == f"org {REDACTED}"  # every value of the secret is redacted later on
+
+
+def test_a_parse_failure_that_quotes_the_key_does_not_repeat_it():
+    key = f"sk-{uuid.uuid4().hex}"
+    with FaultProxy(NOWHERE, [f'reply:{{"{key}": 1}}']) as proxy:
+        with make_client(proxy, api_key=key) as client:
+            [result] = client.complete_structured_many([QUESTION], json_object({"score": int}))
+    assert not result.ok and result.error.startswith("fields [") and pieces_of(key, result.error) == []
+    assert REDACTED in result.error
