@@ -17,8 +17,9 @@ Which request is which, read from what botocore sends:
     the jobs this process runs.
 
 Only the caller drives it: it listens on loopback, and every request must carry a SigV4 signature
-made with the credentials ``client_environment()`` hands out (a secret drawn for each endpoint),
-checked by botocore's own signer; anything else gets 403 as AWS answers it.
+made with the credentials ``client_environment()`` hands out (a secret drawn once per local root and
+kept, owner-only, across restarts), checked by botocore's own signer; anything else gets 403 as AWS
+answers it.
 
 Every SageMaker request is read as a JSON object (anything else is a SerializationException) and
 checked against botocore's own input shape (types, required members, lengths, ranges, enums,
