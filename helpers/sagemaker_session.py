@@ -31,8 +31,8 @@ ROLE_ENV = "SAGEMAKER_EXECUTION_ROLE_ARN"  # an explicit role wins over discover
 class LocalModeSession(sagemaker.Session):
     """A ``sagemaker.Session`` whose AWS is answered by helpers.local_mode.
 
-    Only the polling defaults differ: local jobs take seconds, so waiting polls every second
-    instead of every 5-10 (the requests sent are the same).
+    Only the polling defaults differ: local jobs and endpoints take seconds, so waiting polls every
+    second instead of every 5-30 (the requests sent are the same).
     """
 
     run_mode = "local"
@@ -42,6 +42,9 @@ class LocalModeSession(sagemaker.Session):
 
     def logs_for_job(self, job_name, wait=False, poll=1, log_type="All", timeout=None):
         return super().logs_for_job(job_name, wait=wait, poll=poll, log_type=log_type, timeout=timeout)
+
+    def wait_for_endpoint(self, endpoint, poll=1, live_logging=False):
+        return super().wait_for_endpoint(endpoint, poll=poll, live_logging=live_logging)
 
 
 def _say(text: str) -> None:
