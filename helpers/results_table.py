@@ -6,10 +6,10 @@
 
 One row per held-out figure of the run (a figure measured on data the loop never trained on):
 the notebook, what is measured, the figure before and after training with one standard error each,
-and the change with its standard error where the summary has one (paired: the same problems and
-draws before and after). Where the summary also says how varied the answers were (the number of
-distinct answers and the share of the most common one), two more columns show it; "-" where it does
-not. Above the table, a line names the run's model, date and machine.
+the change with its standard error where the summary has one (paired: the same problems and draws
+before and after), whether the change counts as a gain (``verdict``), and, for figures of answers, how
+varied the answers were: the number of distinct answers and the share of the most common one. Above
+the table, a line names the run's model, date and machine.
 
 ``--keep`` stores a copy of the summary with that provenance added and this machine's absolute paths
 removed: the copy in the repository is the source of the README's figures, and
@@ -31,20 +31,6 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 BEGIN = "<!-- results:begin -->"
 END = "<!-- results:end -->"
-
-# How the summary may name the answer-diversity figures of a held-out evaluation: a number, or
-# {"before": x, "after": y}, at the top of the figure's record; or a number in each of its records
-# before and after training (SIDES).
-DISTINCT_KEYS = ("distinct_answers", "answers_distinct", "unique_answers")
-SHARE_KEYS = ("most_common_share", "most_common_answer_share", "top_answer_share", "modal_share")
-# The names of a figure's records before and after training, in the summary's sections.
-SIDES = (
-    ("before_answer_diversity", "after_answer_diversity"),
-    ("before", "after"),
-    ("held_out_before", "held_out_after"),
-    ("base", "trained"),
-)
-
 
 # ---------------------------------------------------------------- provenance
 
@@ -126,45 +112,52 @@ def _change(before, after, change=None, error=None) -> str:
     return f"{change:+.3f} ± {error:.3f}{size}"
 
 
-def _diversity(record: dict, keys: tuple[str, ...], share: bool) -> str:
-    """'before -> after' of the first of ``keys`` the record has, '-' if it has none."""
+def _diversity(record: dict, key: str, share: bool) -> str:
+    """'before -> after' of one figure of the answers' diversity (``scripts.common.stats.answer_diversity``,
+    kept by a paired change as ``before_answer_diversity`` and ``after_answer_diversity``); '-' where the
+    record has none (a figure that is not of answers, or a run from before answers were counted)."""
 
-    def show(value) -> str:
-        value = _number(value)
+    def show(diversity) -> str:
+        value = _number(diversity.get(key)) if isinstance(diversity, dict) else None
         if value is None:
             return "-"
         return f"{value:.2f}" if share else f"{value:g}"
 
-    for key in keys:
-        if key in record:
-            value = record[key]
-            if isinstance(value, dict):
-                return f"{show(value.get('before'))} -> {show(value.get('after'))}"
-            return show(value)
-    for before_name, after_name in SIDES:
-        before, after = record.get(before_name), record.get(after_name)
-        before = before if isinstance(before, dict) else {}
-        after = after if isinstance(after, dict) else {}
-        # an evaluation's own record may hold its answers' figures as one entry
-        before, after = (side.get("answer_diversity") or side for side in (before, after))
-        for key in keys:
-            if key in before or key in after:
-                return f"{show(before.get(key))} -> {show(after.get(key))}"
-    diversity = record.get("diversity")
-    if isinstance(diversity, dict):
-        return _diversity(diversity, keys, share)
-    return "-"
+    before, after = record.get("before_answer_diversity"), record.get("after_answer_diversity")
+    if before is None and after is None:
+        return "-"
+    return f"{show(before)} -> {show(after)}"
 
 
-def _row(notebook: str, what: str, before: str, after: str, change: str, record: dict) -> dict:
+def verdict(
+    change, error, after_answers: dict | None = None, answers: bool = True, lower_is_better: bool = False
+) -> str:
+    """Whether the run's change counts, by the rule every notebook applies (``scripts.common.stats``): beyond
+    two paired standard errors, and, where the figure is of answers, the trained model's answers not
+    collapsed into one. "-" where the summary has no paired standard error to judge the change by."""
+    from scripts.common import stats
+
+    change, error = _number(change), _number(error)
+    if change is None or error is None:
+        return "-"
+    if answers:
+        if isinstance(after_answers, dict) and stats.collapsed(after_answers):
+            return "collapsed: not a gain"
+        return "gain" if stats.counts_as_gain(change, error, after_answers) else "not a gain"
+    gained = -change if lower_is_better else change
+    return "gain" if error > 0 and gained > stats.GAIN_STANDARD_ERRORS * error else "not a gain"
+
+
+def _row(notebook: str, what: str, before: str, after: str, change: str, record: dict, judged: str = "-") -> dict:
     return {
         "notebook": notebook,
         "what": what,
         "before": before,
         "after": after,
         "change": change,
-        "distinct": _diversity(record, DISTINCT_KEYS, share=False),
-        "share": _diversity(record, SHARE_KEYS, share=True),
+        "verdict": judged,
+        "distinct": _diversity(record, "distinct_answers", share=False),
+        "share": _diversity(record, "most_common_share", share=True),
     }
 
 
@@ -186,10 +179,12 @@ def rows(summary: dict) -> list[dict]:
                 _with_error(code.get("after"), code.get("after_standard_error")),
                 _change(code["before"], code.get("after"), code.get("change"), code.get("change_standard_error")),
                 code,
+                verdict(code.get("change"), code.get("change_standard_error"), code.get("after_answer_diversity")),
             )
         )
     evaluation = summary.get("evaluation") or {}
     base, trained = evaluation.get("base") or {}, evaluation.get("trained") or {}
+    paired = evaluation.get("held_out_change") or {}  # notebook 6's paired change, where the run kept one
     if _number(base.get("accuracy")) is not None or _number(trained.get("accuracy")) is not None:
         n = base.get("n", trained.get("n"))
         found.append(
@@ -202,10 +197,13 @@ def rows(summary: dict) -> list[dict]:
                 _change(
                     base.get("accuracy"),
                     trained.get("accuracy"),
-                    evaluation.get("change"),
-                    evaluation.get("change_standard_error"),
+                    paired.get("change"),
+                    paired.get("change_standard_error"),
                 ),
-                evaluation,
+                paired or evaluation,
+                verdict(
+                    paired.get("change"), paired.get("change_standard_error"), paired.get("after_answer_diversity")
+                ),
             )
         )
     for s in summary.get("training_sessions") or []:
@@ -224,6 +222,7 @@ def rows(summary: dict) -> list[dict]:
                         before.get("loss"), after.get("loss"), loss.get("change"), loss.get("change_standard_error")
                     ),
                     loss,
+                    verdict(loss.get("change"), loss.get("change_standard_error"), answers=False, lower_is_better=True),
                 )
             )
         held_out = s.get("held_out")
@@ -244,6 +243,11 @@ def rows(summary: dict) -> list[dict]:
                         held_out.get("change_standard_error"),
                     ),
                     held_out,
+                    verdict(
+                        held_out.get("change"),
+                        held_out.get("change_standard_error"),
+                        held_out.get("after_answer_diversity"),
+                    ),
                 )
             )
         preference = s.get("preference") or {}
@@ -263,6 +267,7 @@ def rows(summary: dict) -> list[dict]:
                         preference.get("held_out_change_se"),
                     ),
                     preference,
+                    verdict(preference.get("held_out_change"), preference.get("held_out_change_se"), answers=False),
                 )
             )
     teacher = summary.get("teacher_and_judge") or {}
@@ -298,13 +303,15 @@ def render(summary: dict, summary_file: Path | None = None) -> str:
         f"Model `{p['model']}`, run of {p['date']} on {m.get('cpu', 'unknown CPU')}"
         + (f", {cores} cores" if cores else "")
         + (f"; {ran} of {len(notebooks)} notebooks ran" if notebooks else "")
-        + ". ± one standard error; a change with ± is paired (the same problems and draws before and after).",
+        + ". ± one standard error; a change with ± is paired (the same problems and draws before and after). "
+        "A change counts as a gain beyond two of its standard errors, and never when most answers after "
+        "training are one answer (collapsed).",
         "",
-        "| notebook | what is measured | before | after | change | distinct answers | most common answer's share |",
-        "|---|---|---|---|---|---|---|",
+        "| notebook | what is measured | before | after | change | counts? | distinct answers | most common answer's share |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for row in rows(summary):
-        cells = (row[k] for k in ("notebook", "what", "before", "after", "change", "distinct", "share"))
+        cells = (row[k] for k in ("notebook", "what", "before", "after", "change", "verdict", "distinct", "share"))
         lines.append("| " + " | ".join(_cell(c) for c in cells) + " |")
     return "\n".join(lines) + "\n"
 

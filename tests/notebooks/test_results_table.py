@@ -62,6 +62,13 @@ SUMMARY = {
     "evaluation": {
         "base": {"accuracy": 0.0, "standard_error": 0.0, "n": 32.0, "job_name": "eval-base"},
         "trained": {"accuracy": 0.1875, "standard_error": 0.069, "n": 32.0, "job_name": "eval-trained"},
+        # the GRPO model answers '2' to every problem: +2.7 standard errors, and a collapse
+        "held_out_change": {
+            "change": 0.1875,
+            "change_standard_error": 0.069,
+            "before_answer_diversity": {"answers": 32, "distinct_answers": 0, "most_common_share": 0.0},
+            "after_answer_diversity": {"answers": 32, "distinct_answers": 1, "most_common_share": 1.0},
+        },
     },
     "training_sessions": [
         {
@@ -78,6 +85,7 @@ SUMMARY = {
                 "before_standard_error": 0.02,
                 "after": 0.5,
                 "after_standard_error": 0.03,
+                "change": 0.25,
                 "change_standard_error": 0.04,
                 "problems": 64,
                 "samples_per_problem": 16,
@@ -94,56 +102,40 @@ def test_rendering_of_a_made_up_summary():
     lines = text.splitlines()
     assert lines[0].startswith("Model `tiny`, run of 2025-01-02 on Some CPU @ 2GHz, 2 cores; 1 of 2 notebooks ran.")
     assert lines[2] == (
-        "| notebook | what is measured | before | after | change | distinct answers | most common answer's share |"
+        "| notebook | what is measured | before | after | change | counts? | distinct answers "
+        "| most common answer's share |"
     )
     rows = [line.split(" | ") for line in lines[4:]]
     assert [row[0] for row in rows] == ["| 04", "| 06", "| 07", "| 08"]
     code, gsm8k, sft, grpo = rows
-    # a paired change, with its size in standard errors
-    assert code[2:5] == ["0.000 ± 0.000", "0.125 ± 0.050", "+0.125 ± 0.050, +2.5 s.e."]
+    # a paired change, with its size in standard errors; no answers counted: not a gain
+    assert code[2:6] == ["0.000 ± 0.000", "0.125 ± 0.050", "+0.125 ± 0.050, +2.5 s.e.", "not a gain"]
     assert "16 problems x 1 answer(s) at temperature 0.0" in code[1]
-    # no paired standard error in the summary: the change alone
-    assert gsm8k[2:5] == ["0.000 ± 0.000", "0.188 ± 0.069", "+0.188"]
-    assert sft[2:5] == ["6.884 ± 0.012", "6.023 ± 0.030", "-0.861"]
-    # the answer-diversity fields, where the summary has them; "-" where it does not
-    assert grpo[4:] == ["+0.250 ± 0.040, +6.2 s.e.", "40 -> 12", "0.10 -> 0.45 |"]
-    assert code[5:] == ["-", "- |"]
+    # beyond two standard errors, but every answer is one answer: refused
+    assert gsm8k[2:] == ["0.000 ± 0.000", "0.188 ± 0.069", "+0.188 ± 0.069, +2.7 s.e.", "collapsed: not a gain", "0 -> 1", "0.00 -> 1.00 |"]  # fmt: skip
+    # no paired standard error in the summary: the change alone, and no verdict
+    assert sft[2:6] == ["6.884 ± 0.012", "6.023 ± 0.030", "-0.861", "-"]
+    assert grpo[4:] == ["+0.250 ± 0.040, +6.2 s.e.", "gain", "40 -> 12", "0.10 -> 0.45 |"]
+    assert code[6:] == ["-", "- |"]
 
 
-def test_diversity_fields_in_the_before_and_after_records():
-    summary = {
-        "provenance": SUMMARY["provenance"],
-        "training_sessions": [
-            {
-                "notebook": "12_training_session_dpo",
-                "preference": {
-                    "held_out_before": {"likelihood_accuracy": 0.5, "likelihood_accuracy_se": 0.09, "pairs": 32},
-                    "held_out_after": {
-                        "likelihood_accuracy": 0.5625,
-                        "likelihood_accuracy_se": 0.09,
-                        "pairs": 32,
-                        "unique_answers": 3,
-                    },
-                },
-            }
-        ],
-    }
-    (row,) = results_table.rows(summary)
-    assert row["notebook"] == "12" and row["before"] == "0.500 ± 0.090" and row["after"] == "0.562 ± 0.090"
-    assert row["distinct"] == "- -> 3"  # in the record after training only
-    assert row["share"] == "-"
+@pytest.mark.parametrize(
+    "change, error, after, expected",
+    [
+        (0.2, 0.05, {"most_common_share": 0.3}, "gain"),
+        (0.2, 0.05, {"most_common_share": 0.6}, "collapsed: not a gain"),
+        (0.05, 0.05, {"most_common_share": 0.3}, "not a gain"),  # within two standard errors
+        (0.2, 0.05, None, "not a gain"),  # answers not counted: a collapse cannot be ruled out
+        (0.2, None, {"most_common_share": 0.3}, "-"),
+    ],
+)
+def test_a_change_counts_beyond_two_standard_errors_and_never_when_collapsed(change, error, after, expected):
+    assert results_table.verdict(change, error, after) == expected
 
 
-def test_diversity_as_one_entry_with_before_and_after_or_inside_an_evaluation():
-    record = {"distinct_answers": {"before": 9, "after": 2}, "most_common_share": 0.75}
-    assert results_table._diversity(record, results_table.DISTINCT_KEYS, share=False) == "9 -> 2"
-    assert results_table._diversity(record, results_table.SHARE_KEYS, share=True) == "0.75"
-    evaluation = {
-        "base": {"accuracy": 0.0, "answer_diversity": {"distinct_answers": 20, "most_common_share": 0.125}},
-        "trained": {"accuracy": 0.25, "answer_diversity": {"distinct_answers": 3, "most_common_share": 0.5}},
-    }
-    (row,) = results_table.rows({"evaluation": evaluation})
-    assert (row["distinct"], row["share"]) == ("20 -> 3", "0.12 -> 0.50")
+def test_a_lower_loss_is_the_gain_of_a_loss_figure():
+    assert results_table.verdict(-0.5, 0.1, answers=False, lower_is_better=True) == "gain"
+    assert results_table.verdict(0.5, 0.1, answers=False, lower_is_better=True) == "not a gain"
 
 
 def test_write_between_markers_and_check(tmp_path):
