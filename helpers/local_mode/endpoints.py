@@ -170,8 +170,13 @@ class Hosting:
         return _private(self._require("model", request["ModelName"]))
 
     def delete_model(self, request: dict) -> dict:
-        self._require("model", request["ModelName"])
-        self._path("model", request["ModelName"]).unlink(missing_ok=True)
+        name = request["ModelName"]
+        self._require("model", name)
+        self._path("model", name).unlink(missing_ok=True)
+        # Its unpacked folder goes too (SmolLM2's is 538 MB); a server that runs has loaded it already.
+        with open(self.root / "model-data" / f".{name.lower()}.lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            shutil.rmtree(self.root / "model-data" / name.lower(), ignore_errors=True)
         return {}
 
     # ---- endpoint configs ------------------------------------------------------------------------
@@ -307,20 +312,9 @@ class Hosting:
             record = self._load("endpoint", name)
             if record is None or record["EndpointStatus"] != "Creating":
                 return
-            with contextlib.suppress(OSError, http.client.HTTPException):
-                connection = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
-                connection.request("GET", "/health")
-                if connection.getresponse().status == 200:
-                    with self._lock:
-                        record = self._load("endpoint", name)
-                        if record is not None and record["EndpointStatus"] == "Creating":
-                            record["EndpointStatus"] = "InService"
-                            record["LastModifiedTime"] = time.time()
-                            record["ProductionVariants"][0]["CurrentInstanceCount"] = record["ProductionVariants"][0][
-                                "DesiredInstanceCount"
-                            ]
-                            self._save("endpoint", name, record)
-                    return
+            if _healthy(port):
+                self._in_service(name)
+                return
             if time.monotonic() > deadline:
                 self._fail(
                     name,
@@ -330,6 +324,15 @@ class Hosting:
                 llm_server.stop_server(process, STOP_GRACE_S)
                 return
             time.sleep(0.5)
+
+    def _in_service(self, name: str) -> None:
+        with self._lock:
+            record = self._load("endpoint", name)
+            if record is not None and record["EndpointStatus"] == "Creating":
+                variant = record["ProductionVariants"][0]
+                variant["CurrentInstanceCount"] = variant["DesiredInstanceCount"]
+                record.update(EndpointStatus="InService", LastModifiedTime=time.time())
+                self._save("endpoint", name, record)
 
     def _watch(self, name: str, process: subprocess.Popen) -> None:
         """Waits for the server this process started; its end, unless asked for, fails the endpoint."""
@@ -373,6 +376,9 @@ class Hosting:
                 self._server_ended(name, own.pid, _exit_status(own.returncode))
         elif status in ("Creating", "InService") and server is not None and not is_same_process(server):
             self._server_ended(name, server["pid"], "is no longer running (it ended while no process watched it)")
+        elif status == "Creating" and server is not None and not is_same_process(record["_owner"]):
+            if _healthy(server["port"]):  # its server came up after the process bringing it up ended
+                self._in_service(name)
         elif status == "Creating" and server is None and not is_same_process(record["_owner"]):
             self._fail(
                 name,
@@ -618,6 +624,18 @@ def _event(event_type: str, payload: bytes) -> bytes:
 def _exception_event(exception_type: str, payload: bytes) -> bytes:
     headers = {":message-type": "exception", ":exception-type": exception_type, ":content-type": "application/json"}
     return _ENCODER.encode_message(headers, payload)
+
+
+def _healthy(port: int) -> bool:
+    """Whether the server on ``port`` answers its health check."""
+    with contextlib.suppress(OSError, http.client.HTTPException):
+        connection = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
+        try:
+            connection.request("GET", "/health")
+            return connection.getresponse().status == 200
+        finally:
+            connection.close()
+    return False
 
 
 def _exit_status(code: int | None) -> str:

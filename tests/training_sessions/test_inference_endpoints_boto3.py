@@ -206,6 +206,8 @@ def test_control_plane_refusals_say_what_to_fix(aws, served):
     described = sagemaker.describe_endpoint_config(EndpointConfigName="tiny")
     assert described["ProductionVariants"][0]["ModelName"] == "tiny"
     assert sagemaker.describe_model(ModelName="tiny")["PrimaryContainer"]["ModelDataUrl"] == MODEL_URI
+    listed = sagemaker.list_endpoints(NameContains="tiny-chat")["Endpoints"]
+    assert [(e["EndpointName"], e["EndpointStatus"]) for e in listed] == [("tiny-chat", "InService")]
     with pytest.raises(ClientError, match='Could not find endpoint "arn:aws:sagemaker:.*:endpoint/nowhere"'):
         sagemaker.describe_endpoint(EndpointName="nowhere")
 
