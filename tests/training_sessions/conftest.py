@@ -110,6 +110,19 @@ def run_sdk(endpoint, scenario: str, timeout: float = 240, script: Path = SCENAR
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+def trained_looking_engine(model_path, seed: int):
+    """A session engine on ``model_path`` whose adapter looks trained: every LoRA weight drawn around 0 (at
+    initialisation B is zero, and the adapter changes nothing). ``seed`` fixes the adapter's draw."""
+    from helpers.local_mode.sessions import engine as engine_module
+
+    torch.manual_seed(seed)
+    engine = engine_module.Engine(str(model_path), rank=4, alpha=8)
+    with torch.no_grad():
+        for _, param in engine.named_trainable:
+            param.normal_(0.0, 0.05)
+    return engine
+
+
 @pytest.fixture(scope="module")
 def one_thread():
     """One torch thread in this process: the machine is shared, more threads only contend."""

@@ -14,6 +14,8 @@ import torch
 
 from helpers.local_mode.sessions import engine as engine_module
 
+from .conftest import trained_looking_engine
+
 TINY_ARN = "arn:aws:sagemaker:us-east-1:aws:hub-content/SageMakerPublicHub/Model/local-tiny-qwen2/1.0.0"
 PROMPT = [5, 6, 7, 8]
 SEEDED = {"maxTokens": 24, "temperature": 1.0, "seed": 11}
@@ -21,12 +23,7 @@ SEEDED = {"maxTokens": 24, "temperature": 1.0, "seed": 11}
 
 @pytest.fixture(scope="module")
 def session_engine(tiny_model_path, one_thread):
-    torch.manual_seed(1)
-    engine = engine_module.Engine(str(tiny_model_path), rank=4, alpha=8)
-    with torch.no_grad():
-        for _, param in engine.named_trainable:
-            param.normal_(0.0, 0.05)  # a trained-looking adapter: B is zero at initialisation
-    return engine
+    return trained_looking_engine(tiny_model_path, seed=1)
 
 
 def in_flight(engine, requests: list[tuple[list[int], int, dict]]) -> tuple[list[list[dict]], int]:

@@ -12,6 +12,8 @@ from transformers import AutoTokenizer
 
 from helpers.local_mode.sessions import engine as engine_module
 
+from .conftest import trained_looking_engine
+
 PROMPT = [5, 6, 7, 8, 9]
 logprob = st.floats(min_value=-30.0, max_value=0.0)
 
@@ -34,12 +36,7 @@ def test_mismatched_lengths_and_bad_coefficients_are_refused():
 
 @pytest.fixture(scope="module")
 def student(tiny_model_path, one_thread):
-    torch.manual_seed(5)
-    engine = engine_module.Engine(str(tiny_model_path), rank=4, alpha=8)
-    with torch.no_grad():
-        for _, param in engine.named_trainable:
-            param.normal_(0.0, 0.05)  # a trained-looking adapter: B is zero at initialisation
-    return engine
+    return trained_looking_engine(tiny_model_path, seed=5)
 
 
 def datum(tokens, sampled_from: int, sampler_logprobs, advantages):

@@ -3,10 +3,9 @@ computes for the episode's sampled tokens, turn after turn, are the sampler's ow
 step 1 is numeric noise), because the episode holds the sampled tokens as drawn, never re-tokenized."""
 
 import pytest
-import torch
 from common.episodes import ChatTurns, policy_gradient_inputs, run_episode
 
-from helpers.local_mode.sessions import engine as engine_module
+from .conftest import trained_looking_engine
 
 
 class OneToolCallThenAnswer:
@@ -26,12 +25,7 @@ class OneToolCallThenAnswer:
 
 @pytest.fixture(scope="module")
 def session_engine(tiny_model_path, one_thread):
-    torch.manual_seed(3)
-    engine = engine_module.Engine(str(tiny_model_path), rank=4, alpha=8)
-    with torch.no_grad():
-        for _, param in engine.named_trainable:
-            param.normal_(0.0, 0.05)  # a trained-looking adapter: B is zero at initialisation
-    return engine
+    return trained_looking_engine(tiny_model_path, seed=3)
 
 
 def test_the_trainers_logprobs_of_every_turn_are_the_samplers(session_engine):

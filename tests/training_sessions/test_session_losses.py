@@ -16,17 +16,14 @@ from common.data import pad_rows
 
 from helpers.local_mode.sessions import engine as engine_module
 
+from .conftest import trained_looking_engine
+
 RELATIVE = 1e-5
 
 
 @pytest.fixture(scope="module")
 def session_engine(tiny_model_path):
-    torch.manual_seed(1)
-    engine = engine_module.Engine(str(tiny_model_path), rank=4, alpha=8)
-    with torch.no_grad():
-        for _, param in engine.named_trainable:
-            param.normal_(0.0, 0.05)
-    return engine
+    return trained_looking_engine(tiny_model_path, seed=1)
 
 
 def wire(values, dtype="float32"):
