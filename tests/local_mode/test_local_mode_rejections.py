@@ -67,7 +67,7 @@ def test_name_in_use_and_unknown_job(local_session, fixture_code, role):
     with pytest.raises(ClientError, match="Requested resource not found"):
         client.describe_training_job(TrainingJobName="fixture-never-created")
     with pytest.raises(ClientError, match="needs SageMaker"):
-        client.list_endpoints()
+        client.list_processing_jobs()  # an operation local mode does not answer
 
 
 GROUPS = [
