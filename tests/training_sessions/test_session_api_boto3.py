@@ -21,14 +21,21 @@ ROLE = "arn:aws:iam::123456789012:role/SageMakerRole"
 TINY_ARN = "arn:aws:sagemaker:us-east-1:aws:hub-content/SageMakerPublicHub/Model/local-tiny-qwen2/1.0.0"
 
 
-def create(control, name=None, rank=4, base=TINY_ARN):
+def create(control, name=None, rank=4, base=TINY_ARN, group=None):
+    """A session; with ``group``, a model package group it saves into (created here by that name)."""
     name = name or f"t-{uuid.uuid4().hex[:10]}"
+    packages = {}
+    if group:
+        packages["ModelPackageGroupArn"] = control.create_model_package_group(ModelPackageGroupName=group)[
+            "ModelPackageGroupArn"
+        ]
     control.create_training_session(
         TrainingSessionName=name,
         LoraConfig={"Rank": rank, "Alpha": 2 * rank},
         RoleArn=ROLE,
         ModelConfig={"BaseModelArn": base},
         OutputConfig={"S3Location": {"Path": "s3://session-tests/out"}},
+        **packages,
     )
     return name
 

@@ -11,7 +11,7 @@ from transformers import AutoTokenizer
 
 from helpers.tiny_model import tiny_model_dir
 
-from .test_session_api_boto3 import FORWARD_BACKWARD, STEP, TINY_ARN, create, result
+from .test_session_api_boto3 import FORWARD_BACKWARD, STEP, create, result
 
 MESSAGES = [{"role": "system", "content": "Answer briefly."}, {"role": "user", "content": "What is 2 + 3?"}]
 
@@ -109,15 +109,7 @@ def test_a_model_package_names_the_saved_weights_the_chat_answers_with(clients, 
             trainingSessionName=create(control), sequenceNumber=1, operationConfig={"saveWeights": {}}
         )
     assert "ModelPackageGroupArn" in raised.value.response["Error"]["Message"]
-    group = control.create_model_package_group(ModelPackageGroupName=name)["ModelPackageGroupArn"]
-    control.create_training_session(
-        TrainingSessionName=name,
-        LoraConfig={"Rank": 4, "Alpha": 8},
-        RoleArn="arn:aws:iam::123456789012:role/SageMakerRole",
-        ModelConfig={"BaseModelArn": TINY_ARN},
-        OutputConfig={"S3Location": {"Path": "s3://session-tests/out"}},
-        ModelPackageGroupArn=group,
-    )
+    create(control, name, group=name)
     try:
         for sequence, config in enumerate([FORWARD_BACKWARD, STEP, {"saveWeights": {}}], 1):
             op = runtime.execute_training_operation(
