@@ -64,6 +64,7 @@ class Endpoint:
         return {
             "AWS_ENDPOINT_URL_SAGEMAKER": self.url,  # control plane, hub look-ups, model packages
             "AWS_ENDPOINT_URL_SAGEMAKERTRAININGSESSIONRUNTIME": self.url,
+            "AWS_ENDPOINT_URL_SAGEMAKER_RUNTIME": self.url,  # InvokeEndpoint[WithResponseStream]: local endpoints
             "AWS_ENDPOINT_URL_S3": self.url,  # the local S3 store (default bucket, artifacts)
             "AWS_ENDPOINT_URL_STS": self.url,
             "AWS_ENDPOINT_URL_CLOUDWATCH_LOGS": self.url,  # the logs of the training jobs it runs
