@@ -13,8 +13,10 @@ from __future__ import annotations
 
 import html
 import os
+import re
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from urllib.parse import urlparse
 
 try:  # the same reader in both SDKs: v2's sagemaker.logs moved to sagemaker.core.logs in v3
@@ -27,6 +29,7 @@ from helpers.metrics import latest, parse_metric_line
 
 LOG_GROUP = "/aws/sagemaker/TrainingJobs"
 TERMINAL = ("Completed", "Failed", "Stopped")
+ANSI_ESCAPE = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")  # the colours some tools print to a terminal
 
 
 class JobFailed(RuntimeError):
@@ -81,6 +84,25 @@ class LogReader:
                 position = Position(timestamp=event["timestamp"], skip=seen_at_timestamp)
             self.positions[stream] = position
         return new
+
+
+def save_log(session, job_name: str, path: str | os.PathLike, last: int = 12) -> Path:
+    """Every host's CloudWatch log of ``job_name``, whole, in the file ``path`` (one section a host, without
+    colour codes); printed: the file's path and each host's last ``last`` lines. A job's log runs to hundreds
+    of lines (the toolkit's environment, pip, torchrun, the script) and its hosts' lines interleave: the file
+    keeps every line to read or search, the cell shows how each host ended."""
+    reader = LogReader(session.boto_session.client("logs", region_name=session.boto_region_name), job_name)
+    hosts: dict[str, list[str]] = {}
+    for stream, message in reader.read():
+        hosts.setdefault(stream, []).extend(ANSI_ESCAPE.sub("", message).splitlines() or [""])
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(f"==> {stream} <==\n" + "\n".join(lines) + "\n\n" for stream, lines in hosts.items()))
+    print(f"{sum(map(len, hosts.values()))} log lines from {len(hosts)} host(s), whole in {path}")
+    for stream, lines in hosts.items():
+        print(f"--- {stream}: the last {min(last, len(lines))} of {len(lines)} lines")
+        print("\n".join(line if len(line) <= 160 else line[:159] + "…" for line in lines[-last:]))
+    return path
 
 
 def use_widgets() -> bool:

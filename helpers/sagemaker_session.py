@@ -13,6 +13,7 @@ and nothing reaches AWS. The SDK's own Docker local mode (``instance_type="local
 from __future__ import annotations
 
 import copy
+import logging
 import os
 
 import boto3
@@ -92,6 +93,9 @@ def make_session(
     whichever is available (``"auto"``: local when no AWS credentials or execution role)."""
     if run_mode not in RUN_MODES:
         raise ValueError(f"run_mode must be one of {RUN_MODES}, got {run_mode!r}")
+    # The SDK logs every config value it applies ("sagemaker.config INFO - Applied value from config key
+    # ...") on each estimator: nothing a learner acts on. Its documented switch keeps warnings.
+    logging.getLogger("sagemaker.config").setLevel(logging.WARNING)
     region = region or os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION") or DEFAULT_REGION
 
     if run_mode == "local":

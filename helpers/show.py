@@ -7,11 +7,14 @@ code that runs), and any other stretch of a file by the first lines that open an
     show("scripts/grpo.py", "grpo_loss")             # a function
     show("scripts/sft.py", "main")                    # or a class, or "Class.method"
     show("scripts/grpo.py", start="for step in", end="policy_update(")
+
+``preview(text)`` shows a model's answer on one line, whatever it holds.
 """
 
 from __future__ import annotations
 
 import ast
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -128,3 +131,20 @@ def _display(excerpt: Excerpt) -> None:
         print(excerpt)
     else:
         display(excerpt)  # Markdown where rendered, the plain text elsewhere
+
+
+_REPEATS = re.compile(r"(.{1,12}?)\1{3,}", re.DOTALL)  # a unit of up to 12 characters, 4 times or more
+
+
+def preview(text: str, width: int = 100) -> str:
+    """A model's answer on one line: quoted with its escapes (a newline shows as \\n), a run of 16 characters
+    or more that repeats one short piece written once with its count (``[\\n]×40``), and cut at ``width``
+    characters with "…". A small model's answer is often hundreds of newlines or one word over and over;
+    the cell keeps one line an answer."""
+
+    def collapsed(run: re.Match) -> str:
+        whole, piece = run.group(0), run.group(1)
+        return f"[{piece}]×{len(whole) // len(piece)}" if len(whole) >= 16 else whole  # "####", "1000000" stay
+
+    shown = _REPEATS.sub(collapsed, repr(text))
+    return shown if len(shown) <= width else shown[: width - 1] + "…"

@@ -923,3 +923,56 @@ def test_summary_says_what_each_curve_did(tmp_path):
     assert set(curves) == {"reward", "format_reward", "frac_reward_zero_std"}
     assert (curves["reward"]["first"], curves["reward"]["last"], curves["reward"]["steps"]) == (0.1, 0.9, 6)
     assert "03_boto3_grpo: reward 0.1 -> 0.9 over 6 steps: rises, as expected" in run_notebooks.render_markdown(summary)
+
+
+def test_save_log_keeps_every_hosts_log_in_a_file_and_shows_each_hosts_end(tmp_path, capsys, monkeypatch):
+    """Two hosts' CloudWatch streams (moto), with a terminal's colour codes: the file holds every line of
+    each host in its own section, the cell each host's last lines."""
+    from types import SimpleNamespace
+
+    import boto3
+    from moto import mock_aws
+
+    for variable in ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_CLOUDWATCH_LOGS"):
+        monkeypatch.delenv(variable, raising=False)
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    with mock_aws():
+        session = SimpleNamespace(boto_session=boto3.Session(region_name="us-east-1"), boto_region_name="us-east-1")
+        logs = session.boto_session.client("logs")
+        logs.create_log_group(logGroupName=live.LOG_GROUP)
+        for host in ("algo-1", "algo-2"):
+            stream = f"job-1/{host}-1700000000"
+            logs.create_log_stream(logGroupName=live.LOG_GROUP, logStreamName=stream)
+            now = int(time.time() * 1000)  # CloudWatch keeps no event older than 14 days
+            events = [{"timestamp": now + i, "message": f"\x1b[32m{host} line {i}\x1b[0m"} for i in range(40)]
+            logs.put_log_events(logGroupName=live.LOG_GROUP, logStreamName=stream, logEvents=events)
+        path = live.save_log(session, "job-1", tmp_path / "logs" / "job-1.log", last=3)
+    text = path.read_text()
+    assert "\x1b" not in text and text.count(" line ") == 80
+    assert text.index("==> job-1/algo-1") < text.index("algo-1 line 39") < text.index("==> job-1/algo-2")
+    shown = capsys.readouterr().out.splitlines()
+    assert shown[0] == f"80 log lines from 2 host(s), whole in {path}"
+    assert shown[1:] == [
+        "--- job-1/algo-1-1700000000: the last 3 of 40 lines", "algo-1 line 37", "algo-1 line 38", "algo-1 line 39",
+        "--- job-1/algo-2-1700000000: the last 3 of 40 lines", "algo-2 line 37", "algo-2 line 38", "algo-2 line 39",
+    ]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "answer, shown",
+    [
+        ("\n" * 40 + "K" * 38, "'[\\n]×40[K]×38'"),
+        ("So it is 42.\n#### 42", "'So it is 42.\\n#### 42'"),  # short runs stay as written
+        ("x = 1000000", "'x = 1000000'"),
+        ("```python" * 40, "'[```python]×40'"),
+        ("word " * 100, "'[word ]×100'"),
+    ],
+)
+def test_an_answer_preview_is_one_line_whatever_the_model_wrote(answer, shown):
+    assert show.preview(answer) == shown
+
+
+def test_an_answer_preview_is_cut_at_its_width():
+    text = show.preview("abcdefghij" * 3 + " the end of a long answer", width=20)
+    assert len(text) == 20 and text.endswith("…") and "\n" not in text
