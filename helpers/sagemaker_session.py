@@ -19,10 +19,15 @@ import os
 import boto3
 import botocore.config
 import botocore.exceptions
-import sagemaker
 
 from helpers import local_mode
 from helpers.local_account import LOCAL_ROLE  # the role local mode answers for, defined once
+
+# The SDK logs where it looked for defaults files when imported, and every config value it applies on each
+# estimator ("sagemaker.config INFO - ..."): nothing a learner acts on. Its documented switch, set before the
+# import, keeps its warnings.
+logging.getLogger("sagemaker.config").setLevel(logging.WARNING)
+import sagemaker  # noqa: E402
 
 RUN_MODES = ("auto", "sagemaker", "local")
 DEFAULT_REGION = "us-east-1"
@@ -93,9 +98,6 @@ def make_session(
     whichever is available (``"auto"``: local when no AWS credentials or execution role)."""
     if run_mode not in RUN_MODES:
         raise ValueError(f"run_mode must be one of {RUN_MODES}, got {run_mode!r}")
-    # The SDK logs every config value it applies ("sagemaker.config INFO - Applied value from config key
-    # ...") on each estimator: nothing a learner acts on. Its documented switch keeps warnings.
-    logging.getLogger("sagemaker.config").setLevel(logging.WARNING)
     region = region or os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION") or DEFAULT_REGION
 
     if run_mode == "local":
