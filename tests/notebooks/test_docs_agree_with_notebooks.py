@@ -71,3 +71,23 @@ def test_the_count_of_data_sets_the_docs_give_is_what_notebook_00_stages():
         assert {NUMBERS[word] for word in stated} == {len(staged)}, (path.name, stated, staged)
     listed = re.search(r"data sets \(([^)]*)\)", (REPO / "notebooks" / "README.md").read_text()).group(1)
     assert re.findall(r"`(\w+)`", listed) == staged
+
+
+def parameter_names(path: Path) -> set[str]:
+    nb = nbformat.read(str(path), as_version=4)
+    cell = next(c for c in nb.cells if "parameters" in c.metadata.get("tags", []))
+    return {node.targets[0].id for node in ast.parse(cell.source).body if isinstance(node, ast.Assign)}
+
+
+def test_every_notebook_ends_with_exercises_on_its_own_parameters_and_links_to_its_neighbours():
+    paths = notebooks()
+    for index, path in enumerate(paths):
+        last = nbformat.read(str(path), as_version=4).cells[-1]
+        assert last.cell_type == "markdown" and last.source.startswith("## Try next"), path.name
+        exercises = [line for line in last.source.splitlines() if line.startswith("- ")]
+        assert 2 <= len(exercises) <= 3, (path.name, exercises)
+        for exercise in exercises:  # each names a parameter the notebook has, and what to watch
+            assert set(re.findall(r"`(\w+)", exercise)) & parameter_names(path), (path.name, exercise)
+            assert "watch" in exercise or "check" in exercise or "compare" in exercise, (path.name, exercise)
+        neighbours = [p.name for p in paths[max(0, index - 1) : index]] + [p.name for p in paths[index + 1 : index + 2]]
+        assert re.findall(r"\]\((\d\d_[^)]+\.ipynb)\)", last.source) == neighbours, path.name
