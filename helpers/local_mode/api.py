@@ -21,7 +21,7 @@ from botocore.utils import parse_to_aware_datetime
 
 from ..local_account import ACCOUNT_ID  # local mode's account, defined once for both environments
 from . import runner
-from .endpoints import Hosting
+from .endpoints import HOSTING_OPERATIONS, Hosting
 from .os_utils import is_same_process, process_identity
 from .storage import to_wire
 from .validation import ServiceError, validate_create_training_job
@@ -42,9 +42,19 @@ class SageMakerAPI:
             "ListTags": self.list_tags,
             "DeleteTags": self.delete_tags,
         }
-        # Real-time endpoints (endpoints.py): Model.deploy(), Predictor.delete_endpoint(), raw boto3.
-        self.hosting = Hosting(aws)
-        self._operations.update(self.hosting.operations)
+        # Real-time endpoints (endpoints.py): Model.deploy(), Predictor.delete_endpoint(), raw boto3. Their
+        # records and servers are set up at the first such call: a process that only trains never builds them.
+        self._hosting: Hosting | None = None
+        self._operations.update({name: self._hosting_operation(name) for name in HOSTING_OPERATIONS})
+
+    @property
+    def hosting(self) -> Hosting:
+        if self._hosting is None:
+            self._hosting = Hosting(self.aws)
+        return self._hosting
+
+    def _hosting_operation(self, name: str):
+        return lambda request: self.hosting.operations[name](request)
 
     def __call__(self, model, params, **kwargs):
         """The botocore event handler."""

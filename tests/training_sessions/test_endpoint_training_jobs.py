@@ -166,7 +166,7 @@ def test_the_endpoint_checks_job_requests_as_sagemaker_does(aws):
         sagemaker.describe_training_job(TrainingJobName=unique("missing"))
     assert error.value.response["Error"]["Code"] == "ValidationException"
 
-    with pytest.raises(ClientError) as error:
-        sagemaker.delete_model(ModelName="anything")
+    with pytest.raises(ClientError) as error:  # an operation the endpoint does not answer says which it does
+        sagemaker.describe_processing_job(ProcessingJobName="anything")
     assert error.value.response["Error"]["Code"] == "ValidationException"
     assert "CreateTrainingJob" in error.value.response["Error"]["Message"]
