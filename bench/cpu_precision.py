@@ -34,7 +34,7 @@ PRECISIONS = ("fp32", "bf16")
 
 
 def engine_for(path: str, precision: str):
-    from helpers.local_mode.sessions.engine import Engine
+    from local_mode.session_service.engine import Engine
 
     engine = Engine(path, RANK, 2 * RANK, precision=precision)
     generator = torch.Generator().manual_seed(0)
@@ -106,7 +106,7 @@ def job_seconds(path: str, precision: str, rounds: int) -> dict[str, list[float]
 
 
 def measure(models: list[str], rounds: int = 3, threads: int = 1, log=print) -> list[Row]:
-    from helpers.local_mode.hosts import native_bf16
+    from local_mode.jobs.hosts import native_bf16
 
     torch.set_num_threads(threads)
     hardware = "this CPU multiplies bf16 in hardware" if native_bf16() else "this CPU has no bf16 instructions"

@@ -1,9 +1,9 @@
 """Models and data the CPU benchmarks run on, built offline and cached under ``outputs/bench/``.
 
-- ``tiny``:  ``helpers.tiny_model.tiny_model_dir()`` (1.3 M parameters).
+- ``tiny``:  ``local_mode.tiny_model.tiny_model_dir()`` (1.3 M parameters).
 - ``small``: the same tokenizer with a wider, deeper Qwen2 configuration (about 25 M parameters),
              random weights; what a step costs once the matrices, not Python, dominate.
-- data: ``helpers.offline_data.write_all`` (chat, preferences, gsm8k, code) in channel layout;
+- data: ``local_mode.offline_data.write_all`` (chat, preferences, gsm8k, code) in channel layout;
   ``uniform_data_dir`` repeats one row of median length so that every batch of both sides of a
   comparison has the same shape whatever order each samples in.
 """
@@ -52,7 +52,7 @@ def build_small_model(out_dir: str | Path, seed: int = 0) -> Path:
     import torch
     from transformers import AutoTokenizer, Qwen2Config, Qwen2ForCausalLM
 
-    from helpers.tiny_model import tiny_model_dir
+    from local_mode.tiny_model import tiny_model_dir
 
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir())
     config = Qwen2Config(
@@ -75,7 +75,7 @@ def build_small_model(out_dir: str | Path, seed: int = 0) -> Path:
 
 def model_dir(name: str) -> Path:
     """The folder of benchmark model ``name`` (``tiny`` or ``small``), built on first use."""
-    from helpers.tiny_model import tiny_model_dir
+    from local_mode.tiny_model import tiny_model_dir
 
     if name == "tiny":
         return tiny_model_dir()
@@ -96,7 +96,7 @@ def model_dir(name: str) -> Path:
 
 def data_dir() -> Path:
     """``outputs/bench/data/<name>/train.jsonl`` for every offline data set, written on first use."""
-    from helpers.offline_data import write_all
+    from local_mode.offline_data import write_all
 
     root = BENCH_OUTPUT / "data"
     if not (root / "gsm8k" / "train.jsonl").exists():

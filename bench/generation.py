@@ -10,17 +10,15 @@ ways ``rounds`` times on the same prompts; the figure is the median over rounds.
 from __future__ import annotations
 
 import argparse
-import sys
 import time
 
-from bench.fixtures import SCRIPTS_DIR, data_dir, model_dir, parameter_count
+from bench.fixtures import data_dir, model_dir, parameter_count
 from bench.tables import Row, format_table, median, peak_rss_mib
 
 PROMPTS, GROUP, MAX_NEW_TOKENS = 2, 8, 32
 
 
 def _generator(model_path):
-    sys.path.insert(0, str(SCRIPTS_DIR))
     from common import distributed, generation, models
     from environments.gsm8k import GSM8KEnvironment
 

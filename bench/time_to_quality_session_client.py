@@ -2,7 +2,7 @@
 
     time_to_quality_session_client.py <config.json>
 
-A GRPO step through the SDK, built from ``session_loops``' functions (sample a group per problem, score
+A GRPO step through the SDK, built from ``helpers.training_sessions``' functions (sample a group per problem, score
 with the GSM8K checker, policy-gradient datums, AdamW) with the settings every side of the benchmark
 shares: advantages divided by the group's std, the loss a mean over the step's completion tokens (flat
 groups included, as grpo.py and TRL count them), samples cut to ``max_new_tokens``. The loop here is
@@ -18,12 +18,12 @@ import resource
 import sys
 import time
 
-from common.advantages import group_advantages  # scripts/common: session_loops puts scripts/ on the path
+from common.advantages import group_advantages  # scripts/common: helpers.training_sessions puts scripts/ on the path
 from environments.gsm8k import GSM8KEnvironment
 from sagemaker.train.training_session import SamplingParams, ServiceClient
 
-from session_loops import common
-from session_loops import grpo as session_grpo
+from helpers.training_sessions import connect, datum_tools
+from helpers.training_sessions import grpo as session_grpo
 
 
 def cut(tokenizer, groups: list[dict], max_tokens: int) -> list[dict]:
@@ -54,17 +54,17 @@ def held_out_accuracy(training_client, tokenizer, env, held_out: list[dict], max
 
 def main(config: dict) -> dict:
     env = GSM8KEnvironment()
-    service = ServiceClient(region="us-east-1", role_arn=common.LOCAL_ROLE)
+    service = ServiceClient(region="us-east-1", role_arn=connect.LOCAL_ROLE)
     rng = random.Random(config["seed"])
     group_size, max_tokens = config["num_generations"], config["max_new_tokens"]
-    adam = common.adam_params(config["learning_rate_lora"])
+    adam = connect.adam_params(config["learning_rate_lora"])
     curve, reached, trained, eval_seconds, lengths = [], None, 0.0, 0.0, []
 
     with contextlib.ExitStack() as stop:
-        training_client = common.open_session(
+        training_client = connect.open_session(
             service, config["model"], config["lora_rank"], config["lora_alpha"], seed=config["seed"]
         )
-        stop.callback(common.close_session, training_client)
+        stop.callback(connect.close_session, training_client)
         tokenizer = training_client.get_tokenizer()
 
         def evaluate(step: int) -> None:
@@ -105,7 +105,7 @@ def main(config: dict) -> dict:
             n_tokens = max(sum(len(s.tokens) for _, s in samples), 1)
             lengths.append(n_tokens / len(samples))
             datums = [
-                common.policy_gradient_datum(prompt, sample, advantage / n_tokens)
+                datum_tools.policy_gradient_datum(prompt, sample, advantage / n_tokens)
                 for (prompt, sample), advantage in zip(samples, advantages, strict=True)
                 if advantage != 0.0  # a zero advantage adds nothing to the gradient
             ]

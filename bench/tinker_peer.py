@@ -8,7 +8,7 @@ Both servers get the same work, on CPU, one thread each:
   * LoRA rank 8, 8 datums of cross-entropy: forward_backward + optim_step, both awaited, per step;
   * sampling: ``--in-flight`` requests of 1 sample x 512 tokens (the SageMaker API's smallest max_tokens)
     sent at once, after one warm-up request; tokens/s = tokens generated / wall time.
-Ours runs ``helpers/local_mode/sessions`` driven by SageMaker's SDK v3 (``.venv-sessions``); the peer
+Ours runs ``local_mode/session_service`` driven by SageMaker's SDK v3 (``.venv-sessions``); the peer
 runs ``python -m skyrl.tinker.api --backend jax`` driven by the ``tinker`` SDK, both from
 ``.venv-bench-peer`` (requirements-bench-peer.txt, built by ``make bench``). The same client program,
 ``bench/tinker_peer_client.py``, makes both sides' calls.
@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
 import socket
 import statistics
 import subprocess
@@ -28,11 +27,13 @@ import time
 import urllib.request
 from pathlib import Path
 
-from bench.fixtures import BENCH_OUTPUT, REPO_ROOT
+from bench.fixtures import BENCH_OUTPUT
 from bench.tables import Row, format_table
+from local_mode import environment_python
+from local_mode.os_utils import stop_process_group
 
-PEER_PYTHON = REPO_ROOT / ".venv-bench-peer" / "bin" / "python"
-SESSIONS_PYTHON = REPO_ROOT / ".venv-sessions" / "bin" / "python"
+PEER_PYTHON = Path(environment_python(".venv-bench-peer"))
+SESSIONS_PYTHON = Path(environment_python(".venv-sessions"))  # the SDK v3 environment
 CLIENT = Path(__file__).with_name("tinker_peer_client.py")
 RANK, MAX_TOKENS = 8, 512
 # Two things stand between skyrl 0.3.0's server as released and this machine, and the benchmark works
@@ -76,7 +77,7 @@ def qwen3_model_dir() -> Path:
     import torch
     from transformers import AutoTokenizer, Qwen3Config, Qwen3ForCausalLM
 
-    from helpers.tiny_model import TINY_CONFIG, tiny_model_dir
+    from local_mode.tiny_model import TINY_CONFIG, tiny_model_dir
 
     target = BENCH_OUTPUT / "models" / "tiny-qwen3"
     if (target / "config.json").exists():
@@ -130,18 +131,18 @@ def run_client(python: Path, api: str, config: dict, env: dict) -> dict:
 
 
 def run_ours(model: Path, config: dict) -> dict:
-    from helpers.local_mode import sessions
+    from local_mode import session_service
 
     os.environ.setdefault("SAGEMAKER_LOCAL_SESSION_THREADS", "1")
     root = Path(tempfile.mkdtemp(prefix="peer-bench-ours-"))
-    endpoint = sessions.start_service(root)
+    endpoint = session_service.start_service(root)
     try:
-        sessions.register_base_model("bench/tiny-qwen3", str(model), root)
+        session_service.register_base_model("bench/tiny-qwen3", str(model), root)
         env = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "PYTHON"))}
         env.update(endpoint.client_environment())
         return run_client(SESSIONS_PYTHON, "sagemaker", {**config, "model": "bench/tiny-qwen3"}, env)
     finally:
-        sessions.stop_service(root)
+        session_service.stop_service(root)
 
 
 def free_port() -> int:
@@ -196,12 +197,8 @@ def run_peer(model: Path, config: dict, timeout: float = 600) -> dict:
         config = {**config, "model": str(model), "base_url": f"http://127.0.0.1:{port}", "api_key": "tml-local"}
         return run_client(PEER_PYTHON, "tinker", config, client_env)
     finally:  # the stand-in uv, the API server and its engine: one process group
-        os.killpg(server.pid, signal.SIGTERM)
-        try:
-            server.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            os.killpg(server.pid, signal.SIGKILL)
-            server.wait()
+        stop_process_group(server.pid, grace_s=20)
+        server.wait()
         log.close()
 
 

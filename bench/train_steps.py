@@ -30,7 +30,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench.fixtures import REPO_ROOT, SCRIPTS_DIR, model_dir, parameter_count, uniform_data_dir
+from bench.fixtures import REPO_ROOT, model_dir, parameter_count, uniform_data_dir
 from bench.tables import Row, format_table, median, peak_rss_mib
 
 # The settings both sides share. SFT/DPO: 8 examples a step in 2 micro-batches of 4.
@@ -92,7 +92,6 @@ def run_ours(
         {"SM_CHANNEL_TRAIN": str(data), "SM_OUTPUT_DATA_DIR": str(work / "output"), "SM_MODEL_DIR": str(work / "model")}
     )
     os.environ.pop("SM_HPS", None)
-    sys.path.insert(0, str(SCRIPTS_DIR))
     settings = settings or SETTINGS[loop]
     argv = [
         "--model_name_or_path",
@@ -233,7 +232,6 @@ def run_trl(
             callbacks=[StepEnds()],
         )
     else:
-        sys.path.insert(0, str(SCRIPTS_DIR))
         from environments.gsm8k import GSM8KEnvironment
         from trl import GRPOConfig, GRPOTrainer
 

@@ -20,17 +20,17 @@ import json
 import os
 import statistics
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import torch
 
-from bench.fixtures import REPO_ROOT, model_dir
+from bench.fixtures import model_dir
 from bench.tables import Row, format_table
+from local_mode import environment_python
 
-SESSIONS_PYTHON = REPO_ROOT / ".venv-sessions" / "bin" / "python"
+SESSIONS_PYTHON = Path(environment_python(".venv-sessions"))  # the SDK v3 environment
 CLIENT = Path(__file__).with_name("training_sessions_client.py")
 RANK = 8
 SAMPLES, MAX_TOKENS = 8, 512  # the API's smallest maxTokens is 512
@@ -47,7 +47,7 @@ def batch(tokenizer) -> list[list[int]]:
 
 
 def in_process_steps(path: str, datums: list[list[int]], warmup: int, steps: int) -> list[float]:
-    from helpers.local_mode.sessions.engine import Engine
+    from local_mode.session_service.engine import Engine
 
     engine = Engine(path, RANK, 2 * RANK)
     wire = [
@@ -71,7 +71,6 @@ def in_process_steps(path: str, datums: list[list[int]], warmup: int, steps: int
 
 
 def in_process_sampling(path: str, prompt: list[int]) -> tuple[float, int]:
-    sys.path.insert(0, str(REPO_ROOT / "scripts"))
     from common import distributed
     from common.generation import HFGenerator
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -88,7 +87,7 @@ def in_process_sampling(path: str, prompt: list[int]) -> tuple[float, int]:
 def measure(models: list[str], steps: int, warmup: int = 2) -> list[Row]:
     from transformers import AutoTokenizer
 
-    from helpers.local_mode import sessions
+    from local_mode import session_service
 
     if not SESSIONS_PYTHON.exists():
         raise SystemExit("The SDK v3 environment is missing: make .venv-sessions/.stamp")
@@ -97,13 +96,13 @@ def measure(models: list[str], steps: int, warmup: int = 2) -> list[Row]:
     root = Path(tempfile.mkdtemp(prefix="sessions-bench-"))
     timing_log = root / "timing.log"
     os.environ["SAGEMAKER_LOCAL_SESSION_TIMING_LOG"] = str(timing_log)  # read by the endpoint process
-    endpoint = sessions.start_service(root)
+    endpoint = session_service.start_service(root)
     rows = []
     try:
         for name in models:
             path = str(model_dir(name))
             model_id = f"bench/{name}"
-            sessions.register_base_model(model_id, path, root)
+            session_service.register_base_model(model_id, path, root)
             tokenizer = AutoTokenizer.from_pretrained(path)
             datums = batch(tokenizer)
             prompt = tokenizer("Once upon a time", add_special_tokens=False)["input_ids"]
@@ -167,7 +166,7 @@ def measure(models: list[str], steps: int, warmup: int = 2) -> list[Row]:
                 )
             )
     finally:
-        sessions.stop_service(root)
+        session_service.stop_service(root)
     return rows
 
 

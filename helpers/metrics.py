@@ -132,7 +132,7 @@ def held_out_change(before: dict, after: dict) -> dict:
     """Two ``evaluate.py`` results on the same examples and options: each accuracy with its standard error
     (over examples), and the change after - before with the standard error of the per-example
     differences (paired: each example's difficulty cancels out)."""
-    from scripts.common.stats import paired_change
+    from common.stats import paired_change
 
     same = ("n", "samples_per_example", "temperature", "seed", "max_new_tokens", "stop", "environment")
     differing = [key for key in same if before.get(key) != after.get(key)]
@@ -160,9 +160,9 @@ def held_out_change(before: dict, after: dict) -> dict:
 
 def describe_change(held_out: dict, what: str = "accuracy") -> str:
     """``held_out_change``'s figures: the two figures, the change in standard errors and whether it counts
-    as a gain (``scripts.common.stats.judge_change``: beyond two standard errors, and the trained model's
+    as a gain (``common.stats.judge_change``: beyond two standard errors, and the trained model's
     answers not collapsed into one), then how many distinct answers each model gave."""
-    from scripts.common import stats
+    from common import stats
 
     after = held_out.get("after_answer_diversity")
     lines = [

@@ -5,7 +5,7 @@
     print(describe_mode(session))
 
 ``make_session`` always returns a real ``sagemaker.Session``. In local mode its boto3 session
-answers every SageMaker call on this machine (``helpers.local_mode``), jobs run as processes,
+answers every SageMaker call on this machine (``local_mode``), jobs run as processes,
 and nothing reaches AWS. The SDK's own Docker local mode (``instance_type="local"`` with
 ``sagemaker.local.LocalSession``) is untouched and still works where Docker is installed.
 """
@@ -20,8 +20,8 @@ import boto3
 import botocore.config
 import botocore.exceptions
 
-from helpers import local_mode
-from helpers.local_account import LOCAL_ROLE  # the role local mode answers for, defined once
+import local_mode
+from local_mode.account import LOCAL_ROLE  # the role local mode answers for, defined once
 
 # The SDK logs where it looked for defaults files when imported, and every config value it applies on each
 # estimator ("sagemaker.config INFO - ..."): nothing a learner acts on. Its documented switch, set before the
@@ -35,7 +35,7 @@ ROLE_ENV = "SAGEMAKER_EXECUTION_ROLE_ARN"  # an explicit role wins over discover
 
 
 class LocalModeSession(sagemaker.Session):
-    """A ``sagemaker.Session`` whose AWS is answered by helpers.local_mode.
+    """A ``sagemaker.Session`` whose AWS is answered by local_mode.
 
     Only the polling defaults differ: local jobs and endpoints take seconds, so waiting polls every
     second instead of every 5-30 (the requests sent are the same).

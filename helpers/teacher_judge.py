@@ -22,12 +22,12 @@ import math
 import os
 from pathlib import Path
 
-from helpers import llm_server
 from helpers.artifacts import download_and_extract, load_model, split_s3
+from local_mode import llm_server
 
 
 @dataclasses.dataclass(frozen=True)
-class Endpoint:
+class ModelAPI:
     base_url: str
     teacher_model: str
     judge_model: str
@@ -73,10 +73,10 @@ def open_endpoint(
     teacher_model: str | None,
     judge_model: str | None,
     judge_choice_token_ids: dict[str, int] | None = None,
-) -> Endpoint:
+) -> ModelAPI:
     """The endpoint of the teacher and judge (see the module docstring). Sets ``OPENAI_BASE_URL`` and
     ``OPENAI_API_KEY`` in this kernel in local mode; on SageMaker they must be set already.
-    ``judge_choice_token_ids``: see ``Endpoint``; in local mode, when None, read from the served model
+    ``judge_choice_token_ids``: see ``ModelAPI``; in local mode, when None, read from the served model
     (the served folder's tokenizer is the judge's)."""
     secrets = ws.session.boto_session.client("secretsmanager")
     if ws.run_mode == "local":
@@ -91,7 +91,7 @@ def open_endpoint(
         secrets.put_secret_value(SecretId=secret_name, SecretString=os.environ["OPENAI_API_KEY"])
         if judge_choice_token_ids is None and not judge_model:
             judge_choice_token_ids = choice_token_ids(local_model_dir)
-        return Endpoint(
+        return ModelAPI(
             server.base_url,
             teacher_model or server.model,
             judge_model or server.model,
@@ -111,7 +111,7 @@ def open_endpoint(
             f"No secret {secret_name!r}: create it with `aws secretsmanager create-secret --name {secret_name} "
             "--secret-string <your key>`, and give the execution role secretsmanager:GetSecretValue on it."
         ) from None
-    return Endpoint(os.environ["OPENAI_BASE_URL"], teacher_model, judge_model, secret_name, judge_choice_token_ids)
+    return ModelAPI(os.environ["OPENAI_BASE_URL"], teacher_model, judge_model, secret_name, judge_choice_token_ids)
 
 
 def download_model(session, uri: str, dest: str | Path) -> Path:
@@ -131,7 +131,7 @@ def read_jsonl_from_s3(session, prefix_uri: str, filename: str) -> list[dict]:
 
 def original_conversations(problems: list[dict]) -> list[dict]:
     """The problems with their reference solutions, as the SFT conversations ``sft.py`` reads."""
-    from scripts.environments.gsm8k import GSM8KEnvironment
+    from environments.gsm8k import GSM8KEnvironment
 
     env = GSM8KEnvironment()
     return [{"messages": [*env.prompt_messages(p), {"role": "assistant", "content": p["answer"]}]} for p in problems]
@@ -140,8 +140,7 @@ def original_conversations(problems: list[dict]) -> list[dict]:
 def greedy_answers(model_dir: str | Path, problems: list[dict], max_new_tokens: int) -> list[str]:
     """Each problem answered greedily by the model in ``model_dir``, prompted as the jobs prompt it."""
     import torch
-
-    from scripts.environments.gsm8k import GSM8KEnvironment
+    from environments.gsm8k import GSM8KEnvironment
 
     env = GSM8KEnvironment()
     model, tokenizer = load_model(model_dir)
@@ -158,7 +157,7 @@ def greedy_answers(model_dir: str | Path, problems: list[dict], max_new_tokens: 
 
 def accuracy_with_error(problems: list[dict], answers: list[str]) -> dict[str, float]:
     """Accuracy by the GSM8K checker and its standard error, sqrt(p (1 - p) / n)."""
-    from scripts.environments.gsm8k import GSM8KEnvironment
+    from environments.gsm8k import GSM8KEnvironment
 
     scores = GSM8KEnvironment().score(problems, answers)
     n = len(scores)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import sys
 from pathlib import Path
 
 import pytest
@@ -18,16 +17,11 @@ os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("SAGEMAKER_SUPPRESS_V2_WARNING", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
-if str(REPO / "tests") not in sys.path:
-    sys.path.append(str(REPO / "tests"))  # container_env.py (the site-packages of .venv hold a 'tests' package)
-
 
 @pytest.fixture(scope="session")
 def tiny_model_path() -> Path:
     """The cached tiny Qwen2 model and tokenizer (built once per machine)."""
-    from helpers.tiny_model import tiny_model_dir
+    from local_mode.tiny_model import tiny_model_dir
 
     return tiny_model_dir()
 
@@ -35,6 +29,6 @@ def tiny_model_path() -> Path:
 @pytest.fixture(scope="session")
 def offline_data(tmp_path_factory) -> dict[str, Path]:
     """The project's own small data sets: {name: folder with train.jsonl and test.jsonl}."""
-    from helpers.offline_data import write_all
+    from local_mode.offline_data import write_all
 
     return write_all(tmp_path_factory.mktemp("data"), n_train=32, n_test=8)

@@ -15,7 +15,7 @@ def test_gpu_benchmark_smoke_on_cpu(tmp_path, tiny_model_path):
     for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
         env.pop(name, None)
     completed = subprocess.run(
-        [sys.executable, str(REPO / "bench" / "gpu_benchmark.py"), "--smoke", "--out", str(out)],
+        [sys.executable, "-m", "bench.gpu_benchmark", "--smoke", "--out", str(out)],
         cwd=REPO,
         env=env,
         capture_output=True,

@@ -1,13 +1,10 @@
 """code_rl.py and its environment import their siblings as top-level modules, as in the container."""
 
-import sys
 from pathlib import Path
 
 import pytest
 
 SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
-if str(SCRIPTS) not in sys.path:
-    sys.path.insert(0, str(SCRIPTS))
 
 
 @pytest.fixture(scope="module")

@@ -8,13 +8,10 @@ Two cases, named by the argument::
 import json
 import sys
 from datetime import timedelta
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
-
-import code_rl  # noqa: E402
-import torch.distributed as dist  # noqa: E402
-from sandbox import Limits, Sandbox  # noqa: E402
+import code_rl
+import torch.distributed as dist
+from sandbox import Limits, Sandbox
 
 ADD = {"testtype": "stdin", "tests": [{"input": "1 2\n", "output": "3\n"}, {"input": "2 2\n", "output": "4\n"}]}
 SOLVE = {"testtype": "functional", "fn_name": "solve", "tests": [{"input": "[2, 3]", "output": "8"}]}

@@ -9,11 +9,8 @@ import logging
 import os
 import sys
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
-
-from environments import remote_judge  # noqa: E402
+from environments import remote_judge
 
 
 def echo_judge(name: str):

@@ -10,7 +10,7 @@ import pytest
 from common.contract import UserError
 from environments.code import CodeEnvironment, extract_program, local_judge, normalize_problem, verdict_stats
 
-from helpers.offline_data import code_problem_records, write_jsonl
+from local_mode.offline_data import code_problem_records, write_jsonl
 
 # --------------------------------------------------------------------------- layouts
 
@@ -221,7 +221,7 @@ def test_function_problems_are_completed_by_their_canonical_body_and_judged_by_c
     """Each of the twenty kinds: the signature and docstring plus the canonical body pass all five calls
     in the sandbox; the signature with a wrong body passes none of a kind's problems entirely; the
     docstring's example is the first test."""
-    from helpers.offline_data import function_problem_records
+    from local_mode.offline_data import function_problem_records
 
     records = function_problem_records(40, seed=3)
     assert len({r["fn_name"] for r in records}) == 20
@@ -241,7 +241,7 @@ def test_function_problems_are_completed_by_their_canonical_body_and_judged_by_c
 def test_held_out_function_problems_are_other_draws():
     """The session notebook trains on seed s and holds out seed 10,000 + s: no held-out problem (its
     statement and tests) is a training problem, and every kind is held out."""
-    from helpers.offline_data import function_problem_records
+    from local_mode.offline_data import function_problem_records
 
     def key(r):
         return r["statement"], json.dumps(r["tests"])

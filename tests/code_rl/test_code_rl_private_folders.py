@@ -7,17 +7,13 @@ numpy programs and train (see ``tests/sandbox/private_folders.py`` for the layou
 import importlib.util
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from private_folders import SCRIPTS, copy_checkout, make_private, private_environment
+from sandbox import confine
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent / "sandbox"))
-from private_folders import SCRIPTS, copy_checkout, make_private, private_environment  # noqa: E402
-
-sys.path.insert(0, str(SCRIPTS))
-from sandbox import confine  # noqa: E402
 
 
 def _sibling(name: str):

@@ -6,7 +6,7 @@ from common.episodes import ChatTurns, policy_gradient_inputs, run_episode
 from environments import make_environment
 from transformers import AutoTokenizer
 
-from helpers.tiny_model import tiny_model_dir
+from local_mode.tiny_model import tiny_model_dir
 
 PROBLEM = {"question": "What is 6 times 7?", "answer": "6 * 7 = 42\n#### 42"}
 

@@ -75,7 +75,7 @@ def test_the_image_environment_pins_the_container_floors():
 
 
 def test_a_disk_too_small_for_the_environments_is_said_before_pip_starts(tmp_path):
-    from helpers import disk_space
+    from tools import disk_space
 
     built, missing = tmp_path / ".venv", tmp_path / ".venv-image"
     built.mkdir()
@@ -93,7 +93,7 @@ def test_a_disk_too_small_for_the_environments_is_said_before_pip_starts(tmp_pat
 def test_a_real_model_run_without_room_for_its_outputs_stops_before_its_first_notebook(tmp_path, monkeypatch):
     import shutil
 
-    from helpers import disk_space, run_notebooks
+    from tools import disk_space, run_notebooks
 
     need = disk_space.MAIN_JOB_GIB["smollm2"]
     usage = shutil.disk_usage(tmp_path)
@@ -111,7 +111,7 @@ def test_a_real_model_run_without_room_for_its_outputs_stops_before_its_first_no
 def test_every_environment_the_makefile_builds_has_a_size_and_is_checked_first():
     import subprocess
 
-    from helpers import disk_space
+    from tools import disk_space
 
     makefile = (REPO / "Makefile").read_text()
     venvs = set(re.findall(r"^\w*VENV := (\S+)$", makefile, re.M))
@@ -120,7 +120,7 @@ def test_every_environment_the_makefile_builds_has_a_size_and_is_checked_first()
     dry = subprocess.run(["make", "-n", "-B", "environments", "bench"], cwd=REPO, capture_output=True, text=True)
     assert dry.returncode == 0, dry.stderr
     lines = dry.stdout.splitlines()
-    check = next(i for i, line in enumerate(lines) if "helpers.disk_space" in line)
+    check = next(i for i, line in enumerate(lines) if "tools.disk_space" in line)
     assert check < next(i for i, line in enumerate(lines) if "pip install" in line)
     assert all(venv in lines[check] for venv in venvs)
 
@@ -131,7 +131,7 @@ def test_make_main_passes_the_notebooks_to_run_on():
     def dry(*variables: str) -> str:
         run = subprocess.run(["make", "-n", "main", *variables], cwd=REPO, capture_output=True, text=True)
         assert run.returncode == 0, run.stderr
-        return next(line for line in run.stdout.splitlines() if "helpers.run_notebooks" in line)
+        return next(line for line in run.stdout.splitlines() if "tools.run_notebooks" in line)
 
     assert dry("MODEL=smollm2", "ONLY=00 07 08 09 12").endswith(
         "--model smollm2 --out outputs/main-smollm2 --only 00 07 08 09 12"

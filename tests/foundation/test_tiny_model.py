@@ -7,8 +7,8 @@ import json
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from helpers import offline_data as data_sets
-from helpers.tiny_model import build_tiny_model, build_tokenizer, tiny_model_dir
+from local_mode import offline_data as data_sets
+from local_mode.tiny_model import build_tiny_model, build_tokenizer, tiny_model_dir
 
 SAMPLES = [
     "Natalia sold 48/2 = 24 clips in May.\n#### 72",

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -19,8 +18,7 @@ MAIN_PYTHON = REPO / ".venv" / "bin" / "python"
 
 if int(transformers.__version__.split(".")[0]) >= 5:
     pytest.skip("runs on transformers 4 (the image environment that make test builds)", allow_module_level=True)
-if str(REPO / "scripts") not in sys.path:
-    sys.path.insert(0, str(REPO / "scripts"))
+
 
 SAMPLES = [
     "Natalia sold 48/2 = 24 clips in May.\n#### 72",
@@ -49,12 +47,11 @@ WRITE_ON_TRANSFORMERS_5 = """
 import json, sys
 from pathlib import Path
 repo, out, inputs = Path(sys.argv[1]), Path(sys.argv[2]), json.loads(sys.argv[3])
-sys.path[:0] = [str(repo), str(repo / "scripts")]
 import torch, transformers
 from transformers import AutoTokenizer, Qwen2Config, Qwen2ForCausalLM
 from common.distributed import single_learner
 from common.models import save_final_model
-from helpers.tiny_model import build_tiny_model
+from local_mode.tiny_model import build_tiny_model
 
 assert transformers.__version__.startswith("5."), transformers.__version__
 tokenizer = AutoTokenizer.from_pretrained(build_tiny_model(out / "tiny"))

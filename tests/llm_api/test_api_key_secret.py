@@ -39,7 +39,7 @@ def places_holding(root: Path, marker: str) -> list[str]:
 @pytest.fixture
 def local_session(tmp_path, monkeypatch):
     monkeypatch.setenv("SAGEMAKER_LOCAL_ROOT", str(tmp_path / "sagemaker-local"))
-    from helpers import local_mode
+    import local_mode
     from helpers.sagemaker_session import make_session
 
     session = make_session(run_mode="local")
@@ -111,7 +111,6 @@ def test_a_session_side_judge_leaks_the_key_nowhere(llm_server, tmp_path):
     out = tmp_path / "session"
     program = f"""
 import json, sys
-sys.path.insert(0, {str(REPO / "scripts")!r})
 from common.llm_client import LLMClient
 from environments.llm_judge import LLMJudgeEnvironment
 from common.advantages import group_advantages_excluding

@@ -13,7 +13,7 @@ FIXTURE_CODE = Path(__file__).parent / "fixture_code"
 def local_session(tmp_path, monkeypatch):
     """make_session("local") on an empty state root; the jobs it started are stopped afterwards."""
     monkeypatch.setenv("SAGEMAKER_LOCAL_ROOT", str(tmp_path / "sagemaker-local"))
-    from helpers import local_mode
+    import local_mode
     from helpers.sagemaker_session import make_session
 
     session = make_session(run_mode="local")

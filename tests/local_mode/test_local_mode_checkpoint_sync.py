@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from types import SimpleNamespace
 
-from helpers.local_mode import checkpoints
+from local_mode.jobs import checkpoints
 
 
 class _RecordingS3:

@@ -28,8 +28,8 @@ from sagemaker.inputs import TrainingInput
 from sagemaker.instance_group import InstanceGroup
 from sagemaker.pytorch import PyTorch
 
-from helpers import offline_data
 from helpers.live import LogReader
+from local_mode import offline_data
 
 pytestmark = pytest.mark.timeout(300)
 SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"

@@ -16,7 +16,7 @@ import time
 import pytest
 from botocore.exceptions import ClientError
 
-from helpers.tiny_model import tiny_model_dir
+from local_mode.tiny_model import tiny_model_dir
 
 MESSAGES = [{"role": "user", "content": "Name a colour."}]
 PREFIX = "endpoint-models/tiny"
@@ -29,7 +29,7 @@ def deployed(tmp_path_factory):
     from sagemaker.huggingface import HuggingFaceModel, get_huggingface_llm_image_uri
     from sagemaker.serializers import JSONSerializer
 
-    from helpers import local_mode
+    import local_mode
     from helpers.sagemaker_session import execution_role, make_session
 
     with pytest.MonkeyPatch.context() as patch:
@@ -113,7 +113,7 @@ def test_container_error_comes_back_as_model_error(deployed):
 
 
 def test_server_killed_mid_life_fails_the_endpoint_and_delete_cleans_up(deployed):
-    from helpers import local_mode
+    import local_mode
 
     session, predictor = deployed
     client = session.sagemaker_client

@@ -112,7 +112,7 @@ def test_two_hosts_torch_distributed_all_reduce(local_session, role, fixture_cod
     assert result["sum"] == 3.0  # rank 0 contributed 1, rank 1 contributed 2
     assert len(result["hosts"]) == 2
     # the two hosts share this machine's cores rather than each taking all of them
-    from helpers.local_mode.hosts import machine_threads
+    from local_mode.jobs.hosts import machine_threads
 
     assert result["threads"] == 2 * max(1, machine_threads() // 2), result
 
@@ -272,7 +272,7 @@ def test_stop_training_job(local_session, role, fixture_code):
 
 
 def test_spot_interruption_restarts_from_checkpoint(local_session, role, fixture_code):
-    from helpers.local_mode import NOMINAL_SPOT_DISCOUNT, simulate_spot_interruption
+    from local_mode import NOMINAL_SPOT_DISCOUNT, simulate_spot_interruption
 
     estimator = pytorch(
         local_session, role, fixture_code,
@@ -335,7 +335,7 @@ def steps_in(lines: list[str]) -> list[int]:
 def test_pytorch_image_interruption_never_reaches_the_script(local_session, role, fixture_code):
     """The faithful path: no SIGTERM in the script, the job resumes from its last periodic
     checkpoint, and the steps after it are lost (computed again), not the whole run."""
-    from helpers.local_mode import simulate_spot_interruption
+    from local_mode import simulate_spot_interruption
 
     every = 3
     estimator = pytorch(
@@ -369,7 +369,7 @@ def test_image_that_passes_sigterm_on_gets_the_scripts_save(
 ):
     """sft.py with only the SIGTERM save (no periodic checkpoint): in an image whose entry point
     delivers SIGTERM to the script, it saves the step it is in, and the job resumes from exactly it."""
-    from helpers.local_mode import simulate_spot_interruption
+    from local_mode import simulate_spot_interruption
 
     monkeypatch.setenv("SAGEMAKER_LOCAL_SIGTERM_REACHES_SCRIPT", "my-trainer")
     monkeypatch.setenv("SAGEMAKER_LOCAL_STOP_GRACE_SECONDS", "60")  # a loaded machine: ends when the script does

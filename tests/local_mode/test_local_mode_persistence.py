@@ -146,7 +146,7 @@ def test_a_job_that_ends_while_it_is_described_is_not_taken_for_an_orphan():
     save and checks RUNNING after it must not mark the finished job Failed."""
     from types import SimpleNamespace
 
-    from helpers.local_mode import api
+    from local_mode.jobs import api
 
     ran_here = {"TrainingJobName": "just-ended", "SecondaryStatus": "Training", "_owner": api.process_identity()}
     store = _Reads({**ran_here, "TrainingJobStatus": "InProgress"}, {**ran_here, "TrainingJobStatus": "Completed"})
@@ -163,7 +163,7 @@ def test_a_job_that_ends_while_it_is_described_is_not_taken_for_an_orphan():
 def test_s3_writes_skip_the_network_checksum(local_session):
     """Local S3 is moto in this process: a PutObject carries no aws-chunked CRC, which cost a 540 MB model
     ~25 s per put (at every kernel's restore and every upload). The object still arrives whole, on disk too."""
-    from helpers import local_mode
+    import local_mode
 
     sent = []
     s3 = local_session.boto_session.client("s3")
@@ -183,7 +183,7 @@ def test_a_process_keeps_its_identity_when_the_wall_clock_steps(monkeypatch):
     the kernel running a job seemed another process, and local mode failed its job mid-run."""
     import psutil
 
-    from helpers.local_mode import os_utils
+    from local_mode import os_utils
 
     before = os_utils.process_identity()
     monkeypatch.setattr(psutil.Process, "create_time", lambda self: 1e9)  # the clock stepped

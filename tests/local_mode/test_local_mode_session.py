@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import sagemaker
 
-from helpers import local_mode
+import local_mode
 from helpers.sagemaker_session import LOCAL_ROLE, describe_mode, execution_role, make_session
 
 
@@ -50,12 +50,12 @@ def test_unknown_run_mode():
         make_session(run_mode="docker")
 
 
-def test_warm_start_server_can_be_closed_with_what_it_forked():
+def test_preloaded_torch_server_can_be_closed_with_what_it_forked():
     """A server that stopped answering is closed before a plain process replaces it, so a late fork
     cannot start a second copy of the host."""
-    from helpers.local_mode import warm_start_client
+    from local_mode.jobs import preloaded_torch_client
 
-    starter = warm_start_client.WarmStarter()
+    starter = preloaded_torch_client.PreloadedTorchServer()
     assert starter.alive()
     starter.close()
     assert not starter.alive()

@@ -44,12 +44,12 @@ def pytest_collection_modifyitems(items):
 
 @pytest.fixture(scope="session")
 def notebook_run(tmp_path_factory) -> NotebookRun:
-    """``helpers.run_notebooks`` on every notebook, once (5-10 minutes on 2 cores). With
+    """``tools.run_notebooks`` on every notebook, once (5-10 minutes on 2 cores). With
     ``NOTEBOOK_RUN=<folder>`` the tests read a finished main job there instead (``make main`` writes
     one in outputs/main), e.g. to check a run again without repeating it."""
     import os
 
-    from helpers import run_notebooks
+    from tools import run_notebooks
 
     if os.environ.get("NOTEBOOK_RUN"):
         out = Path(os.environ["NOTEBOOK_RUN"]).resolve()

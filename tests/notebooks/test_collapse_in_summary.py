@@ -4,8 +4,11 @@ said to be a collapse and is not called a gain; a diverse model's real gain stil
 
 from __future__ import annotations
 
-from helpers import metrics, run_notebooks, training_session_notebooks
-from scripts.common import stats
+from common import stats
+
+from helpers import metrics
+from helpers.training_sessions import records
+from tools import run_notebooks, training_session_notebooks
 
 REFUSED = "collapsed: 32 of 32 answers are '2', not counted as a gain"
 
@@ -84,8 +87,8 @@ def test_a_state_from_before_the_change_was_kept_still_shows_each_models_figure(
 
 
 def _session_lines(after: dict, measure: str) -> str:
-    """The summary's lines of a session notebook that recorded ``session_loops.grpo.held_out_record``."""
-    from session_loops import grpo
+    """The summary's lines of a session notebook that recorded ``helpers.training_sessions.grpo.held_out_record``."""
+    from helpers.training_sessions import grpo
 
     def session_evaluation(result: dict) -> dict:  # what grpo.evaluate returns
         per_problem = [r["accuracy"] for r in result["records"]]
@@ -116,6 +119,6 @@ def test_a_session_record_from_before_the_change_and_answers_were_kept_is_not_ca
         "problems": 64,
         "samples_per_problem": 16,
     }
-    first, verdict = training_session_notebooks.held_out_lines(held_out)
+    first, verdict = records.held_out_lines(held_out)
     assert first.startswith("held-out accuracy 0.300 ± 0.040 -> 0.500 ± 0.041")
     assert verdict == "change +0.200, +10.0 standard errors; the evaluation did not count its answers (an older one), not counted as a gain"  # fmt: skip

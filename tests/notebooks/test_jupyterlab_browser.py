@@ -29,7 +29,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from helpers import run_notebooks
+from tools import run_notebooks
 
 REPO = Path(__file__).resolve().parents[2]
 CHROMIUM = Path("/usr/bin/chromium")
@@ -207,7 +207,7 @@ def lab(tmp_path_factory):
         assert setup["status"] == "ok", setup.get("error")
         root = out / "repository"
         (root / "notebooks").mkdir(parents=True)
-        for name in ("helpers", "scripts", "session_loops"):
+        for name in ("scripts",):  # the source_dir the notebooks upload (../scripts); the rest is imported by name
             (root / name).symlink_to(REPO / name, target_is_directory=True)
         for name in (JOB_NOTEBOOK, SESSION_NOTEBOOK):
             path = run_notebooks.NOTEBOOK_DIR / name
@@ -219,9 +219,9 @@ def lab(tmp_path_factory):
         with jupyterlab(root, out / "jupyter", env) as (url, token), chromium(out / "chromium-profile") as browser:
             yield browser, url, token, root
     finally:
-        from helpers.local_mode import sessions
+        from local_mode import session_service
 
-        sessions.stop_service(out / "sagemaker-local")  # notebook 07's endpoint outlives its kernel
+        session_service.stop_service(out / "sagemaker-local")  # notebook 07's endpoint outlives its kernel
         os.environ.clear()
         os.environ.update(saved)
 

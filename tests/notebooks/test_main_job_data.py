@@ -6,16 +6,11 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from pathlib import Path
 
-SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
-if str(SCRIPTS) not in sys.path:
-    sys.path.insert(0, str(SCRIPTS))
+from environments.code import CodeEnvironment, extract_program
+from environments.gsm8k import GSM8KEnvironment
 
-from environments.code import CodeEnvironment, extract_program  # noqa: E402
-from environments.gsm8k import GSM8KEnvironment  # noqa: E402
-
-from helpers import offline_data  # noqa: E402
+from local_mode import offline_data
 
 
 def test_easy_gsm8k_answers_pass_the_checker_with_full_format_reward():

@@ -18,7 +18,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from helpers.notebook_hygiene import cut_notebooks, is_checked, kernel_environment, problems
+from tools.notebook_hygiene import cut_notebooks, is_checked, kernel_environment, problems
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
@@ -102,7 +102,7 @@ def _nbval(notebook: Path, env: dict, current_env: bool) -> subprocess.Completed
 @pytest.fixture(scope="module")
 def cloud_requests(tmp_path_factory) -> dict:
     """Notebooks 01 and 11 cut after their request cell, run under nbval: their requests and nbval's results."""
-    from helpers.local_mode import sessions
+    from local_mode import session_service
 
     tmp = tmp_path_factory.mktemp("model_trainer")
     work, dumps, local_root = tmp / "work", tmp / "requests", tmp / "sagemaker-local"
@@ -121,7 +121,7 @@ def cloud_requests(tmp_path_factory) -> dict:
             "11": _nbval(cut(SDK_V3_KERNEL, "11"), env, current_env=False),
         }
     finally:
-        sessions.stop_service(local_root)  # the endpoint outlives the kernel that started it
+        session_service.stop_service(local_root)  # the endpoint outlives the kernel that started it
     requests = {p.stem: json.loads(p.read_text()) for p in dumps.glob("*.json")}
     return {"nbval": results, "requests": requests, "local_root": local_root}
 

@@ -483,7 +483,7 @@ def test_widgets_are_off_outside_a_jupyter_front_end(monkeypatch):
 
 
 def test_summary_names_the_failing_notebook_and_cell(tmp_path):
-    from helpers import run_notebooks
+    from tools import run_notebooks
 
     results = [
         {"notebook": "00_setup_and_data.ipynb", "status": "ok", "seconds": 3.0},
@@ -523,7 +523,7 @@ def test_summary_names_the_failing_notebook_and_cell(tmp_path):
 
 
 def test_the_summary_gives_the_judged_win_rate_with_its_interval_or_says_there_is_none():
-    from helpers import run_notebooks
+    from tools import run_notebooks
 
     # win_rate's fields for 3 wins in 4 verdicts, half of them given to the answer read first
     rate = dict(judged=4.0, failed=0.0, win_rate=0.75, standard_error=0.25, ci95_low=0.26, ci95_high=1.0)
@@ -543,14 +543,14 @@ def test_the_summary_gives_the_judged_win_rate_with_its_interval_or_says_there_i
 
 
 def test_job_notebooks_and_session_notebooks_are_two_lanes():
-    from helpers import run_notebooks
+    from tools import run_notebooks
 
     prefixes = [[n.name[:2] for n in lane] for lane in run_notebooks.lanes(run_notebooks.notebooks())]
     assert prefixes == [["01", "02", "03", "04", "05", "06", "11", "13"], ["07", "08", "09", "10", "12"]]
 
 
 def test_lanes_run_side_by_side_after_00_and_a_failure_ends_only_its_lane(tmp_path, monkeypatch):
-    from helpers import run_notebooks
+    from tools import run_notebooks
 
     spans = {}
 
@@ -575,14 +575,14 @@ def test_lanes_run_side_by_side_after_00_and_a_failure_ends_only_its_lane(tmp_pa
 
 
 def test_the_notebooks_of_the_sdk_v3_kernel_use_the_session_endpoint_whichever_lane_they_are_in():
-    from helpers import run_notebooks
+    from tools import run_notebooks
 
     users = [n.name[:2] for n in run_notebooks.notebooks() if run_notebooks.uses_session_endpoint(n)]
     assert users == ["07", "08", "09", "10", "11", "12"]  # 11 runs in the job lane
 
 
 def test_the_session_endpoint_stops_once_its_last_user_is_done_or_will_not_run():
-    from helpers import run_notebooks
+    from tools import run_notebooks
 
     stops = []
     notebooks = {n.name[:2]: n for n in run_notebooks.notebooks()}
@@ -598,7 +598,7 @@ def test_the_session_endpoint_stops_once_its_last_user_is_done_or_will_not_run()
 def test_the_session_endpoint_stays_up_while_a_job_lane_notebook_still_uses_it(tmp_path, monkeypatch):
     """The session lane ends first, deterministically, while notebook 11 (job lane; its ModelTrainer job is
     answered by the same endpoint) still runs: the endpoint stops only once 11 is done, before 13."""
-    from helpers import run_notebooks
+    from tools import run_notebooks
 
     events = []
     eleven_started, session_lane_over = threading.Event(), threading.Event()
@@ -628,7 +628,7 @@ def test_the_session_endpoint_stays_up_while_a_job_lane_notebook_still_uses_it(t
     monkeypatch.setattr(run_notebooks, "execute", fake_execute)
     monkeypatch.setattr(run_notebooks, "prepare_environment", lambda out: {})
     monkeypatch.setattr(run_notebooks, "ThreadPoolExecutor", LanesObserved)
-    monkeypatch.setattr(run_notebooks.sessions, "stop_service", lambda root, *args, **kwargs: events.append(("stop",)))
+    monkeypatch.setattr(run_notebooks.session_service, "stop_service", lambda root, *args, **kwargs: events.append(("stop",)))
     summary = run_notebooks.run(tmp_path, only=["00", "07", "11", "13"])
     assert summary["ok"] and summary["lanes"] == [["11_model_trainer_sft", "13_teacher_and_judge"], ["07_training_session_sft"]]  # fmt: skip
     assert ("07 ran while 11 ran", True) in events and ("session lane over while 11 ran", True) in events, events
@@ -637,7 +637,7 @@ def test_the_session_endpoint_stays_up_while_a_job_lane_notebook_still_uses_it(t
 
 
 def test_an_interrupted_run_stops_the_session_endpoint(tmp_path, monkeypatch):
-    from helpers import run_notebooks
+    from tools import run_notebooks
 
     stops = []
 
@@ -648,14 +648,14 @@ def test_an_interrupted_run_stops_the_session_endpoint(tmp_path, monkeypatch):
 
     monkeypatch.setattr(run_notebooks, "execute", fake_execute)
     monkeypatch.setattr(run_notebooks, "prepare_environment", lambda out: {})
-    monkeypatch.setattr(run_notebooks.sessions, "stop_service", lambda root, *args, **kwargs: stops.append(root))
+    monkeypatch.setattr(run_notebooks.session_service, "stop_service", lambda root, *args, **kwargs: stops.append(root))
     with pytest.raises(KeyboardInterrupt):
         run_notebooks.run(tmp_path, only=["00", "11"])
     assert stops and set(stops) == {tmp_path.resolve() / "sagemaker-local"}
 
 
 def test_each_lane_and_the_session_service_get_their_share_of_the_cores(tmp_path, monkeypatch):
-    from helpers import run_notebooks
+    from tools import run_notebooks
 
     seen = {}
 
@@ -686,8 +686,8 @@ def test_the_real_model_profile_runs_the_session_lane_first_and_in_bf16(tmp_path
     """SmolLM2: the job lane's kernels yield the cores to the session lane, whose service computes on all of
     them; jobs and sessions compute in bf16 where the CPU has bf16 instructions; the tiny profile shares
     equally, in exact fp32."""
-    from helpers import run_notebooks
-    from helpers.local_mode import sessions
+    from local_mode import session_service
+    from tools import run_notebooks
 
     seen = {}
 
@@ -695,7 +695,7 @@ def test_the_real_model_profile_runs_the_session_lane_first_and_in_bf16(tmp_path
         seen[notebook.name[:2]] = (
             yielding,
             os.environ["SAGEMAKER_LOCAL_SESSION_THREADS"],
-            os.environ[sessions.PRECISION_VARIABLE],
+            os.environ[session_service.PRECISION_VARIABLE],
             os.environ.get(run_notebooks.CPU_PRECISION_VARIABLE, "-"),
         )
         return {"notebook": notebook.name, "status": "ok", "seconds": 0.0}
@@ -703,7 +703,7 @@ def test_the_real_model_profile_runs_the_session_lane_first_and_in_bf16(tmp_path
     monkeypatch.setattr(run_notebooks, "execute", fake_execute)
     monkeypatch.setattr(run_notebooks, "prepare_environment", lambda out: {})
     monkeypatch.setattr(run_notebooks.hostlib, "machine_threads", lambda: 4)
-    for variable in ("OMP_NUM_THREADS", "SAGEMAKER_LOCAL_SESSION_THREADS", sessions.PRECISION_VARIABLE):
+    for variable in ("OMP_NUM_THREADS", "SAGEMAKER_LOCAL_SESSION_THREADS", session_service.PRECISION_VARIABLE):
         monkeypatch.delenv(variable, raising=False)
     monkeypatch.delenv(run_notebooks.CPU_PRECISION_VARIABLE, raising=False)
     monkeypatch.setattr(run_notebooks.hostlib, "native_bf16", lambda: True)
@@ -713,7 +713,7 @@ def test_the_real_model_profile_runs_the_session_lane_first_and_in_bf16(tmp_path
     assert seen["00"][0] is False and seen["01"] == (True, "4", "bf16", "no"), seen
     assert seen["04"] == (True, "4", "bf16", "bf16"), seen  # code RL's jobs compute in bf16, GRPO's and SFT's not
     assert seen["07"][:3] == (False, "4", "bf16"), seen
-    assert sessions.PRECISION_VARIABLE not in os.environ  # put back as the run found it
+    assert session_service.PRECISION_VARIABLE not in os.environ  # put back as the run found it
     assert run_notebooks.CPU_PRECISION_VARIABLE not in os.environ
 
     monkeypatch.setattr(run_notebooks.hostlib, "native_bf16", lambda: False)  # bf16 would be slower there
@@ -731,7 +731,7 @@ def test_a_yielding_kernel_runs_at_a_lower_priority(tmp_path):
     local mode starts a job's host (a process group, not a session) shares both."""
     import pathlib
 
-    from helpers import run_notebooks
+    from tools import run_notebooks
 
     manager = run_notebooks.YieldingKernelManager(kernel_name="python3")
     manager.start_kernel(cwd=str(tmp_path))
@@ -762,7 +762,7 @@ def test_a_yielding_kernel_runs_at_a_lower_priority(tmp_path):
 
 def test_a_notebook_run_again_replaces_its_jobs_and_the_summary_keeps_the_others(tmp_path, monkeypatch):
     """`--only 05 06` after a run whose 05 failed: one job per notebook, one summary of the whole folder."""
-    from helpers import run_notebooks
+    from tools import run_notebooks
 
     state_file = tmp_path / "work" / "state.json"
     attempt = {"01": 0}
@@ -891,7 +891,7 @@ def test_a_data_set_notebook_0_did_not_stage_is_named_with_those_it_did(tmp_path
 
 
 def test_summary_says_what_each_curve_did(tmp_path):
-    from helpers import run_notebooks
+    from tools import run_notebooks
 
     lines = [f"step={s} reward={r} frac_reward_zero_std=0.5" for s, r in enumerate([0.1, 0.2, 0.3, 0.6, 0.7, 0.9], 1)]
     lines.insert(2, "step=2 format_reward=0.4")  # a second record of step 2 is merged into it

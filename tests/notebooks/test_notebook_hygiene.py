@@ -12,7 +12,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from helpers.notebook_hygiene import CHECK_MARK, is_checked, problems, strip
+from tools.notebook_hygiene import CHECK_MARK, is_checked, problems, strip
 
 REPO = Path(__file__).resolve().parents[2]
 NOTEBOOKS = sorted(
@@ -75,7 +75,7 @@ def test_every_launching_notebook_checks_its_request_with_nbval():
 
 @pytest.mark.parametrize("model", ["tiny", "smollm2"])
 def test_the_ci_parameters_are_parameters_of_the_notebooks(model):
-    from helpers import run_notebooks
+    from tools import run_notebooks
 
     for path in NOTEBOOKS:
         nb = nbformat.read(str(path), as_version=4)

@@ -9,7 +9,7 @@ import threading
 
 import nbformat
 
-from helpers import run_notebooks
+from tools import run_notebooks
 
 
 def test_each_kernel_starts_in_notebooks_and_the_process_stays_where_it_was(tmp_path, monkeypatch):

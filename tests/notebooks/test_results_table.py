@@ -1,6 +1,6 @@
 """The README's results table is the rendering of a run's kept summary, not figures typed by hand.
 
-``python -m helpers.results_table <summary.json> --keep docs/runs/main-tiny.json --write README.md``
+``python -m tools.results_table <summary.json> --keep docs/runs/main-tiny.json --write README.md``
 writes both; these tests fail when either is edited without the other, and check the rendering
 itself on a small made-up summary.
 """
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import results_table
+from tools import results_table
 
 REPO = Path(__file__).resolve().parents[2]
 KEPT = REPO / "docs" / "runs" / "main-tiny.json"
@@ -25,7 +25,7 @@ def test_readme_table_is_the_rendering_of_the_kept_summary():
     shown = results_table.between_markers(README.read_text())
     assert shown == results_table.render(summary), (
         "README.md's results table differs from the rendering of docs/runs/main-tiny.json: regenerate it "
-        "with python -m helpers.results_table <run>/summary.json --keep docs/runs/main-tiny.json --write README.md"
+        "with python -m tools.results_table <run>/summary.json --keep docs/runs/main-tiny.json --write README.md"
     )
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import run_notebooks
+from tools import run_notebooks
 
 
 def _summary(tmp_path: Path, program: str, notebook: str, curves: dict[str, list[float]], model: str = "tiny"):

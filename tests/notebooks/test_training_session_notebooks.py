@@ -1,7 +1,7 @@
 """The training-session notebooks (07 onwards): hygiene, and what their local-mode run shows.
 
 They run once, in the shared main-job run (fixture ``notebook_run``: papermill, CI parameters from
-``helpers/training_session_notebooks.py``, the SDK v3 kernel ``sagemaker-sdk-v3``); these tests read
+``tools/training_session_notebooks.py``, the SDK v3 kernel ``sagemaker-sdk-v3``); these tests read
 the records each notebook left in ``<work_dir>/training_sessions.json``.
 """
 
@@ -15,10 +15,11 @@ from pathlib import Path
 
 import nbformat
 import pytest
+from common import stats
 
-from helpers import run_notebooks, training_session_notebooks
-from helpers.notebook_hygiene import cut_notebooks, kernel_environment, problems
-from scripts.common import stats
+from helpers.training_sessions import records
+from tools import run_notebooks, training_session_notebooks
+from tools.notebook_hygiene import cut_notebooks, kernel_environment, problems
 
 REPO = Path(__file__).resolve().parents[2]
 SESSION_NOTEBOOKS = sorted(
@@ -103,18 +104,17 @@ def test_the_loop_is_written_in_the_notebook_and_stops_its_session_in_a_finally(
     )
 
 
-def test_session_loops_hold_no_second_copy_of_a_loop():
-    """The loops live in the notebooks: the package holds plumbing, and no module calls the step's
+def test_session_building_blocks_hold_no_second_copy_of_a_loop():
+    """The loops live in the notebooks: the package holds their pieces, and no module calls the step's
     operations itself (nor runs as a command: a notebook runs from a terminal through papermill)."""
-    for path in sorted((REPO / "session_loops").glob("*.py")):
+    for path in sorted((REPO / "helpers" / "training_sessions").glob("*.py")):
         calls = _calls(ast.parse(path.read_text()))
         assert "optim_step" not in calls, path.name  # a step ends in optim_step: that call is the notebook's
         # The custom-loss technique wraps forward_backward (a forward, then the weighted call); the
         # notebook still sends optim_step after it.
         if path.name != "logprob_loss.py":
             assert "forward_backward" not in calls, path.name
-        if path.name != "local_warm_start.py":  # builds local mode's warm-start models, in the main environment
-            assert "__main__" not in path.read_text(), path.name
+        assert "__main__" not in path.read_text(), path.name
 
 
 # The cloud configuration each notebook's parameters promise: LoRA, learning rate, loss.
@@ -255,7 +255,7 @@ def test_session_grpo_raises_the_reward(notebook_run):
     assert record["billable_tokens"]["sample"] > 0 and record["billable_tokens"]["training"] > 0
     summary = (notebook_run.out / "summary.md").read_text()
     assert "## Training sessions" in summary
-    assert all(line in summary for line in training_session_notebooks.held_out_lines(held_out)), held_out
+    assert all(line in summary for line in records.held_out_lines(held_out)), held_out
 
 
 def test_session_grpo_resumed_with_its_optimizer_repeats_the_steps_and_without_it_does_not(notebook_run):
@@ -282,7 +282,7 @@ def test_session_code_rl_judges_every_step_in_the_sandbox_while_sampling(noteboo
     held_out, parameters = record["held_out"], training_session_notebooks.CI_PARAMETERS["09"]
     answers = parameters["held_out_problems"] * parameters["held_out_samples"]
     assert held_out["before_answer_diversity"]["answers"] == held_out["after_answer_diversity"]["answers"] == answers
-    assert all(line in summary for line in training_session_notebooks.held_out_lines(held_out)), held_out
+    assert all(line in summary for line in records.held_out_lines(held_out)), held_out
 
 
 def test_session_code_rl_writes_programs_more_often(notebook_run):

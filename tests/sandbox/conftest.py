@@ -1,14 +1,10 @@
 """The sandbox lives in scripts/ and is imported as the container imports it (``import sandbox``)."""
 
-import sys
 from pathlib import Path
 
 import pytest
 
 SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
-for folder in (SCRIPTS, Path(__file__).resolve().parent):  # the sandbox; private_folders.py
-    if str(folder) not in sys.path:
-        sys.path.insert(0, str(folder))
 
 
 @pytest.fixture(scope="session")

@@ -6,14 +6,13 @@ import os
 import subprocess
 import sys
 
-from private_folders import SCRIPTS
 from sandbox import judge
 
 
 def test_a_uid_claimed_here_is_skipped_by_a_process_with_another_temporary_folder(tmp_path):
     uid, lock = judge._claim_uid(judge.UID_BASE + 3000)
     try:
-        claim = f"import sys; sys.path.insert(0, {str(SCRIPTS)!r}); from sandbox import judge; print(judge._claim_uid({uid})[0])"
+        claim = f"from sandbox import judge; print(judge._claim_uid({uid})[0])"
         drawn = subprocess.run(
             [sys.executable, "-c", claim],
             env={**os.environ, "TMPDIR": str(tmp_path)},

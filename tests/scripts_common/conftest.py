@@ -1,16 +1,13 @@
-"""Unit tests of scripts/common: the scripts folder on sys.path, SageMaker variables cleared."""
+"""Unit tests of scripts/common: SageMaker variables cleared."""
 
 from __future__ import annotations
 
 import os
-import sys
 from pathlib import Path
 
 import pytest
 
 SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
-if str(SCRIPTS) not in sys.path:
-    sys.path.insert(0, str(SCRIPTS))
 
 
 @pytest.fixture

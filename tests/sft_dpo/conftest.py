@@ -1,4 +1,4 @@
-"""Fixtures for the SFT and DPO script tests: the scripts folder on sys.path, and a runner that
+"""Fixtures for the SFT and DPO script tests: a runner that
 starts a script the way the SageMaker toolkit does (``SM_*`` variables, ``--key value``)."""
 
 from __future__ import annotations
@@ -7,7 +7,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -15,9 +14,6 @@ import pytest
 from container_env import SCRIPTS, script_command
 from container_env import container_env as build_container_env
 from container_env import run_script as run_in_container
-
-if str(SCRIPTS) not in sys.path:
-    sys.path.insert(0, str(SCRIPTS))
 
 
 def _read_metrics(root: Path) -> list[dict]:

@@ -12,7 +12,7 @@ def trl_trainer(tiny_model_path, tmp_path_factory):
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from trl import DPOConfig, DPOTrainer
 
-    from helpers.offline_data import preference_records
+    from local_mode.offline_data import preference_records
 
     rows = preference_records(4, seed=3)
     # TRL's conversational format: what dpo.py builds from {"prompt", "chosen", "rejected"} strings.

@@ -2,7 +2,7 @@
 
 The SDK (sagemaker-train, SDK v3) cannot be imported here: it lives in ``.venv-sessions``. Tests
 that go through it run ``sdk_scenarios.py`` with that environment's Python, pointed at the
-endpoint by ``Endpoint.client_environment()`` alone, and read the JSON line it prints.
+endpoint by ``RunningService.client_environment()`` alone, and read the JSON line it prints.
 """
 
 from __future__ import annotations
@@ -11,7 +11,6 @@ import http.client
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -19,11 +18,10 @@ import boto3
 import pytest
 import torch
 
-from helpers.local_mode import sessions
+from local_mode import session_service
 
 REPO = Path(__file__).resolve().parents[2]
-if str(REPO / "scripts") not in sys.path:
-    sys.path.insert(0, str(REPO / "scripts"))  # grpo.py, the job-side loss the sessions must agree with
+
 SESSIONS_PYTHON = REPO / ".venv-sessions" / "bin" / "python"
 SCENARIOS = Path(__file__).with_name("sdk_scenarios.py")
 ROLE = "arn:aws:iam::123456789012:role/SageMakerRole"
@@ -36,9 +34,9 @@ def endpoint(tmp_path_factory):
     # A result request is held until the operation ends, at most this long: the test that reads a
     # Pending operation would otherwise wait the default 20 s for its answer.
     os.environ["SAGEMAKER_LOCAL_SESSION_LONG_POLL"] = "2"
-    started = sessions.start_service(root)
+    started = session_service.start_service(root)
     yield started
-    sessions.stop_service(root)
+    session_service.stop_service(root)
 
 
 def boto3_session(endpoint) -> boto3.Session:
@@ -113,7 +111,7 @@ def run_sdk(endpoint, scenario: str, timeout: float = 240, script: Path = SCENAR
 def trained_looking_engine(model_path, seed: int):
     """A session engine on ``model_path`` whose adapter looks trained: every LoRA weight drawn around 0 (at
     initialisation B is zero, and the adapter changes nothing). ``seed`` fixes the adapter's draw."""
-    from helpers.local_mode.sessions import engine as engine_module
+    from local_mode.session_service import engine as engine_module
 
     torch.manual_seed(seed)
     engine = engine_module.Engine(str(model_path), rank=4, alpha=8)

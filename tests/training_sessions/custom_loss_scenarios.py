@@ -1,4 +1,4 @@
-"""Losses the service does not have, trained through ``session_loops/logprob_loss.py`` with the real SDK (SDK v3,
+"""Losses the service does not have, trained through ``helpers/training_sessions/logprob_loss.py`` with the real SDK (SDK v3,
 ``.venv-sessions``), against the local endpoint. Run by ``test_custom_loss.py``:
 
     .venv-sessions/bin/python custom_loss_scenarios.py <scenario> '<json arguments>'
@@ -10,16 +10,12 @@ from __future__ import annotations
 
 import json
 import sys
-from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
-sys.path[:0] = [str(REPO), str(REPO / "scripts")]
+import boto3
+import torch
+from sagemaker.train.training_session import AdamParams, ServiceClient
 
-import boto3  # noqa: E402
-import torch  # noqa: E402
-from sagemaker.train.training_session import AdamParams, ServiceClient  # noqa: E402
-
-from session_loops import common, dpo, logprob_loss  # noqa: E402
+from helpers.training_sessions import datum_tools, dpo, logprob_loss
 
 ROLE = "arn:aws:iam::123456789012:role/SageMakerRole"
 MODEL = "local/tiny-qwen2"
@@ -74,7 +70,7 @@ def closed_form(texts, seed) -> dict:
         datums = []
         for text in texts:
             ids = tokenizer(text, add_special_tokens=False)["input_ids"]
-            datums.append(common.supervised_datum(ids[:3], ids[3:]))  # the first 3 tokens a prompt: weight 0
+            datums.append(datum_tools.supervised_datum(ids[:3], ids[3:]))  # the first 3 tokens a prompt: weight 0
         masks = dpo.answer_masks(datums)
         generator = torch.Generator().manual_seed(seed)
         c = [torch.rand(len(m), generator=generator, dtype=torch.float64) * 4 - 2 for m in masks]
@@ -89,7 +85,7 @@ def closed_form(texts, seed) -> dict:
         original = training_client.forward_backward
 
         def recording(batch, *args, **kwargs):  # what the helper hands the SDK
-            sent.append([common.values(d.loss_fn_inputs["weights"]) for d in batch])
+            sent.append([datum_tools.values(d.loss_fn_inputs["weights"]) for d in batch])
             return original(batch, *args, **kwargs)
 
         training_client.forward_backward = recording

@@ -12,7 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import torch
 
-from helpers.local_mode.sessions import engine as engine_module
+from local_mode.session_service import engine as engine_module
 
 from .conftest import trained_looking_engine
 

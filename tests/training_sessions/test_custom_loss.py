@@ -1,5 +1,5 @@
 """A loss the service does not have, trained exactly through ``cross_entropy`` with weights ``-dL/dlogp``
-(``session_loops/logprob_loss.py``).
+(``helpers/training_sessions/logprob_loss.py``).
 
 1. DPO, two ways from the same model, LoRA initialisation and pairs: two steps on a session through the
    technique (the real SDK, ``custom_loss_scenarios.py``), and two steps of ``scripts/dpo.py``'s own
@@ -19,7 +19,7 @@ import pytest
 import torch
 from common.preferences import dpo_loss
 
-from helpers.offline_data import preference_records
+from local_mode.offline_data import preference_records
 
 SCENARIOS = Path(__file__).with_name("custom_loss_scenarios.py")
 RANK, ALPHA, BETA, MAX_PROMPT, MAX_LENGTH = 4, 8, 0.1, 64, 128
@@ -92,7 +92,7 @@ def flat(state: dict) -> torch.Tensor:
 
 
 def test_the_session_imports_the_jobs_dpo_loss():
-    from session_loops import dpo as session_dpo
+    from helpers.training_sessions import dpo as session_dpo
 
     assert dpo.dpo_loss is dpo_loss and session_dpo.dpo_loss is dpo_loss
 

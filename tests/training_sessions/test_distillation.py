@@ -10,7 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from transformers import AutoTokenizer
 
-from helpers.local_mode.sessions import engine as engine_module
+from local_mode.session_service import engine as engine_module
 
 from .conftest import trained_looking_engine
 

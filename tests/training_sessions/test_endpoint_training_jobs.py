@@ -13,7 +13,7 @@ import uuid
 import pytest
 from botocore.exceptions import ClientError
 
-from helpers.local_mode import hosts
+from local_mode.jobs import hosts
 
 from .conftest import boto3_session
 

@@ -13,7 +13,7 @@ import psutil
 import pytest
 import torch
 
-from helpers.local_mode.sessions import engine as engine_module
+from local_mode.session_service import engine as engine_module
 
 PROMPT = [5, 6, 7, 8]
 

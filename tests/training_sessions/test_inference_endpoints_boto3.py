@@ -19,7 +19,7 @@ import time
 import pytest
 from botocore.exceptions import ClientError, EventStreamError
 
-from helpers.tiny_model import tiny_model_dir
+from local_mode.tiny_model import tiny_model_dir
 
 from .conftest import ROLE, boto3_session
 

@@ -11,7 +11,7 @@ import psutil
 import pytest
 from botocore.exceptions import ClientError, ParamValidationError
 
-from helpers.local_mode import sessions
+from local_mode import session_service
 
 from .conftest import boto3_session
 
@@ -71,7 +71,7 @@ def code(error):
 def test_hub_lists_the_local_base_models(clients):
     control, _ = clients
     listed = control.list_hub_contents(HubName="SageMakerPublicHub", HubContentType="Model")["HubContentSummaries"]
-    from helpers.models_offline import smollm2_installed
+    from local_mode.offline_models import smollm2_installed
 
     expected = ["local-tiny-qwen2"] + (["local-smollm2-135m-instruct"] if smollm2_installed() else [])
     assert sorted(s["HubContentName"] for s in listed) == sorted(expected)  # the real model where its wheel is
@@ -224,7 +224,7 @@ def test_lifecycle_stop_then_delete(clients):
 
 def test_kernels_that_start_the_service_at_once_share_one(tmp_path):
     root = tmp_path / "root"
-    start = f"from helpers.local_mode import sessions; print(sessions.start_service({str(root)!r}).pid)"
+    start = f"from local_mode import session_service; print(session_service.start_service({str(root)!r}).pid)"
     starters = [
         subprocess.Popen([sys.executable, "-c", start], stdout=subprocess.PIPE, text=True, cwd=REPO) for _ in range(2)
     ]
@@ -234,27 +234,27 @@ def test_kernels_that_start_the_service_at_once_share_one(tmp_path):
         running = [p for p in psutil.process_iter(["cmdline"]) if str(root) in " ".join(p.info["cmdline"] or [])]
         assert [p.pid for p in running] == list(pids)
     finally:
-        sessions.stop_service(root)
+        session_service.stop_service(root)
 
 
 def test_stopping_the_service_stops_a_stray_one_of_the_same_root(tmp_path):
     root = tmp_path / "root"
-    first = sessions.start_service(root)
+    first = session_service.start_service(root)
     (root / "training-sessions" / "service.json").unlink()  # its record lost: the next start makes another
-    second = sessions.start_service(root)
+    second = session_service.start_service(root)
     assert second.pid != first.pid
-    assert sessions.stop_service(root)
+    assert session_service.stop_service(root)
     assert not any(psutil.pid_exists(p.pid) and psutil.Process(p.pid).status() != "zombie" for p in (first, second))
 
 
 def test_a_killed_service_leaves_its_sessions_failed(tmp_path):
     root = tmp_path / "root"
-    first = sessions.start_service(root)
+    first = session_service.start_service(root)
     name = create(boto3_session(first).client("sagemaker", endpoint_url=first.url))
     psutil.Process(first.pid).kill()
     psutil.Process(first.pid).wait(10)
-    assert sessions.running_endpoint(root) is None
-    second = sessions.start_service(root)
+    assert session_service.running_endpoint(root) is None
+    second = session_service.start_service(root)
     try:
         assert second.pid != first.pid
         client = boto3_session(second).client("sagemaker", endpoint_url=second.url)
@@ -267,4 +267,4 @@ def test_a_killed_service_leaves_its_sessions_failed(tmp_path):
             if str(root) in " ".join(p.info["cmdline"] or []) and p.pid != second.pid
         ]  # nothing of the first service runs on
     finally:
-        sessions.stop_service(root)
+        session_service.stop_service(root)

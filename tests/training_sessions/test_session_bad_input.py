@@ -15,7 +15,7 @@ from botocore.exceptions import ClientError
 
 from .conftest import ROLE, TINY_ARN, control_plane_request, send
 
-VOCAB = 969  # the tiny model's vocabulary (helpers.tiny_model)
+VOCAB = 969  # the tiny model's vocabulary (local_mode.tiny_model)
 CONTEXT = 1024  # and its max_position_embeddings
 
 

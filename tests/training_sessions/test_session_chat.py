@@ -9,7 +9,7 @@ import pytest
 from botocore.exceptions import ClientError
 from transformers import AutoTokenizer
 
-from helpers.tiny_model import tiny_model_dir
+from local_mode.tiny_model import tiny_model_dir
 
 from .test_session_api_boto3 import FORWARD_BACKWARD, STEP, create, result
 

@@ -14,11 +14,11 @@ SESSIONS_PYTHON = REPO / ".venv-sessions" / "bin" / "python"
 
 READ = """
 import json, sys
-import session_loops  # puts scripts/ on the path, as in the notebooks
+import helpers.training_sessions  # puts scripts/ on the path, as in the notebooks
 from common.contract import UserError
 from environments.code import CodeEnvironment
 from environments.gsm8k import GSM8KEnvironment
-from session_loops import data
+from helpers.training_sessions import data
 
 environment = {"gsm8k": GSM8KEnvironment, "code": CodeEnvironment}[sys.argv[1]]()
 try:
@@ -68,8 +68,8 @@ def test_the_session_notebooks_find_the_files_notebook_0_staged(tmp_path):
     """Notebook 0 writes each data set as the jobs' channel folders; the session notebooks read the same
     files, and without them say to run notebook 0 with the same work_dir."""
     from helpers import data_prep
-    from helpers.offline_data import DATASETS
-    from session_loops import data
+    from helpers.training_sessions import data
+    from local_mode.offline_data import DATASETS
 
     with pytest.raises(FileNotFoundError, match="run notebook 0 first with the same work_dir"):
         data.staged_file(tmp_path, "gsm8k", "train")

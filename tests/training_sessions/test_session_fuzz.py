@@ -29,7 +29,7 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from helpers.tiny_model import tiny_model_dir
+from local_mode.tiny_model import tiny_model_dir
 
 from .conftest import ROLE, TINY_ARN, control_plane_request, send
 

@@ -14,7 +14,7 @@ import pytest
 import torch
 from common.data import pad_rows
 
-from helpers.local_mode.sessions import engine as engine_module
+from local_mode.session_service import engine as engine_module
 
 from .conftest import trained_looking_engine
 

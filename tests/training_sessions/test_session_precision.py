@@ -6,8 +6,8 @@ starts."""
 import pytest
 import torch
 
-from helpers.local_mode import sessions
-from helpers.local_mode.sessions import engine as engine_module
+from local_mode import session_service
+from local_mode.session_service import engine as engine_module
 
 from .test_session_losses import make_datums
 
@@ -32,9 +32,9 @@ def engines(tiny_model_path):
 
 
 def test_the_default_is_exact_fp32(monkeypatch, tiny_model_path):
-    monkeypatch.delenv(sessions.PRECISION_VARIABLE, raising=False)
-    assert sessions.configured_precision() == "fp32"
-    monkeypatch.setenv(sessions.PRECISION_VARIABLE, "bf16")
+    monkeypatch.delenv(session_service.PRECISION_VARIABLE, raising=False)
+    assert session_service.configured_precision() == "fp32"
+    monkeypatch.setenv(session_service.PRECISION_VARIABLE, "bf16")
     assert engine_module.Engine(str(tiny_model_path), rank=4, alpha=8).precision == "bf16"
 
 
@@ -80,7 +80,7 @@ def test_sampling_and_compute_logprobs_stay_exact_fp32_in_bf16(tiny_model_path, 
 
 
 def test_an_unknown_precision_is_refused_before_an_endpoint_starts(monkeypatch, tmp_path):
-    monkeypatch.setenv(sessions.PRECISION_VARIABLE, "fp8")
+    monkeypatch.setenv(session_service.PRECISION_VARIABLE, "fp8")
     with pytest.raises(ValueError, match="SAGEMAKER_LOCAL_SESSION_PRECISION='fp8': use fp32 .* or bf16"):
-        sessions.start_service(tmp_path)
+        session_service.start_service(tmp_path)
     assert list(tmp_path.iterdir()) == []  # nothing started, nothing written

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers.local_mode import sessions
+from local_mode import session_service
 
 
 def test_cross_entropy_lowers_the_loss_and_save_state_resumes_bitwise(sdk):
@@ -86,7 +86,7 @@ def pick_digit_model(endpoint, tmp_path_factory, one_thread):
     )
     learning = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(learning)
-    from helpers.tiny_model import tiny_model_dir
+    from local_mode.tiny_model import tiny_model_dir
 
     folder = learning.warm_up_sft(
         tiny_model_dir(),
@@ -95,7 +95,7 @@ def pick_digit_model(endpoint, tmp_path_factory, one_thread):
         learning.PickSevenEnvironment(),
         steps=30,
     )
-    sessions.register_base_model("local/tiny-pick-digit", folder, endpoint.root)
+    session_service.register_base_model("local/tiny-pick-digit", folder, endpoint.root)
     return "local/tiny-pick-digit"
 
 

@@ -1,0 +1,102 @@
+"""What a session loop keeps of its run: one line per step, billable tokens and their cost, and the
+record the main job's summary reads (``training_sessions.json``)."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+# Prices per million tokens, an assumption for the estimate only: replace them with your Region's
+# figures from the SageMaker pricing page (training sessions bill prefill, sample and training tokens).
+PRICE_PER_MILLION = {"prefill": 0.10, "sample": 0.30, "training": 0.60}
+
+
+def billable_tokens(training_session_name: str) -> dict[str, int]:
+    """The session's BillableTokenUsage from DescribeTrainingSession."""
+    import boto3
+
+    detail = boto3.client("sagemaker").describe_training_session(TrainingSessionName=training_session_name)[
+        "TrainingSessionDetail"
+    ]
+    usage = detail.get("BillableTokenUsage", {})
+    return {
+        "prefill": usage.get("PrefillTokenCount", 0),
+        "sample": usage.get("SampleTokenCount", 0),
+        "training": usage.get("TrainingTokenCount", 0),
+    }
+
+
+def cost(tokens: dict[str, int]) -> float:
+    return sum(tokens[kind] * PRICE_PER_MILLION[kind] / 1e6 for kind in PRICE_PER_MILLION)
+
+
+def log_step(history: list[dict], record: dict) -> None:
+    """Keep the step's metrics and print them as one line (readable in a notebook, a terminal or a log)."""
+    record = {"step": len(history) + 1, **record, "time": round(time.time(), 3)}
+    history.append(record)
+    print(
+        "  ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in record.items() if k != "time"),
+        flush=True,
+    )
+
+
+def largest_difference(records: list[dict], others: list[dict]) -> float:
+    """The largest absolute difference between two runs' step records, over every number they both hold
+    but the clock's (``time``, ``judge_time``): 0.0 when a resumed run repeated the steps exactly."""
+    largest = 0.0
+    for one, other in zip(records, others, strict=True):
+        for key in one.keys() & other.keys() - {"time", "judge_time"}:
+            if isinstance(one[key], (int, float)) and isinstance(other[key], (int, float)):
+                largest = max(largest, abs(one[key] - other[key]))
+    return largest
+
+
+def record(work_dir: str | os.PathLike, notebook: str, training_client, history: list[dict], **extra) -> dict:
+    """Append this notebook's session (name, status, steps, final metrics, billable tokens) to
+    ``<work_dir>/training_sessions.json``, which the main job's summary reads."""
+    import boto3
+
+    name = training_client.training_session_name
+    detail = boto3.client("sagemaker").describe_training_session(TrainingSessionName=name)["TrainingSessionDetail"]
+    entry = {
+        "notebook": notebook,
+        "session": name,
+        "status": detail["TrainingSessionStatus"],
+        "steps": len(history),
+        "final_metrics": {k: v for k, v in (history[-1] if history else {}).items() if k not in ("step", "time")},
+        "billable_tokens": billable_tokens(name),
+        **extra,
+    }
+    path = Path(work_dir) / "training_sessions.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    entries = [e for e in (json.loads(path.read_text()) if path.exists() else []) if e["notebook"] != notebook]
+    path.write_text(json.dumps(entries + [entry], indent=1))
+    return entry
+
+
+def held_out_lines(held_out: dict) -> list[str]:
+    """A session's held-out figures (``grpo.held_out_record``), as the summary and the
+    notebooks print them: 'held-out accuracy 0.300 ± 0.040 -> 0.350 ± 0.041 (...; 64 problems x 16
+    answers)', then whether the change counts as a gain (``common.stats.judge_change``: beyond two
+    standard errors, and the trained model's answers not collapsed into one) and each model's answers."""
+    from common import stats
+
+    measure = held_out.get("measure", "accuracy")
+    line = f"held-out {measure} {held_out['before']:.3f}"
+    if "before_standard_error" not in held_out:
+        return [line + f" -> {held_out['after']:.3f}"]
+    line += (
+        f" ± {held_out['before_standard_error']:.3f} -> {held_out['after']:.3f} ± "
+        f"{held_out['after_standard_error']:.3f} (standard errors over problems; the change's, paired: "
+        f"± {held_out['change_standard_error']:.3f}; {held_out['problems']} problems x "
+        f"{held_out['samples_per_problem']} answers)"
+    )
+    change = held_out.get("change", held_out["after"] - held_out["before"])  # records before "change" was kept
+    after = held_out.get("after_answer_diversity")
+    lines = [line, f"change {change:+.3f}, " + stats.judge_change(change, held_out["change_standard_error"], after)]
+    answers = stats.describe_answers_before_and_after(held_out.get("before_answer_diversity"), after)
+    if answers:
+        lines.append(answers)
+    return lines

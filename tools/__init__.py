@@ -1,0 +1,3 @@
+"""What runs and checks the workshop, apart from what it teaches: the main job's notebook runner
+(``run_notebooks``, ``training_session_notebooks``), notebook hygiene, the disk-space and process
+priority checks, and the README's generated results table (``results_table``)."""
