@@ -53,7 +53,6 @@ from botocore.credentials import Credentials
 from botocore.validate import ParamValidator
 
 from local_mode.endpoints import HOSTING_OPERATIONS, runtime_route
-from local_mode.jobs.api import SageMakerAPI
 from local_mode.validation import ServiceError
 
 from . import FAKE_ACCESS_KEY, SECRET_VARIABLE
@@ -365,6 +364,7 @@ class Signatures:
 
 class RequestRouter:
     def __init__(self, root: Path, region: str, secret_key: str):
+        from local_mode.jobs.api import SageMakerAPI  # the training jobs this endpoint also runs
         from local_mode.jobs.aws import LocalAWS
 
         from .control_plane import ControlPlane
