@@ -1,10 +1,6 @@
 """code_rl.py and its environment import their siblings as top-level modules, as in the container."""
 
-from pathlib import Path
-
 import pytest
-
-SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
 
 
 @pytest.fixture(scope="module")

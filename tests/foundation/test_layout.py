@@ -31,7 +31,9 @@ def top_level_imports(path: Path) -> set[str]:
         elif isinstance(node, ast.ImportFrom):
             base = node.module or ""
             if node.level:
-                base = ".".join(package.split(".")[: len(package.split(".")) - node.level + 1] + ([base] if base else []))
+                base = ".".join(
+                    package.split(".")[: len(package.split(".")) - node.level + 1] + ([base] if base else [])
+                )
             found.add(base)
             found |= {f"{base}.{alias.name}" for alias in node.names}
     return {m for m in found if m.split(".")[0] in PACKAGES}

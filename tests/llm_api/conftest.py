@@ -2,12 +2,7 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
-
-# scripts/ as the job sees it (``common``, ``environments``), as helpers.training_sessions puts it on the path too.
-SCRIPTS = str(Path(__file__).resolve().parents[2] / "scripts")
 
 
 @pytest.fixture(scope="session")

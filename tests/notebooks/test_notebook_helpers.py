@@ -628,7 +628,9 @@ def test_the_session_endpoint_stays_up_while_a_job_lane_notebook_still_uses_it(t
     monkeypatch.setattr(run_notebooks, "execute", fake_execute)
     monkeypatch.setattr(run_notebooks, "prepare_environment", lambda out: {})
     monkeypatch.setattr(run_notebooks, "ThreadPoolExecutor", LanesObserved)
-    monkeypatch.setattr(run_notebooks.session_service, "stop_service", lambda root, *args, **kwargs: events.append(("stop",)))
+    monkeypatch.setattr(
+        run_notebooks.session_service, "stop_service", lambda root, *args, **kwargs: events.append(("stop",))
+    )
     summary = run_notebooks.run(tmp_path, only=["00", "07", "11", "13"])
     assert summary["ok"] and summary["lanes"] == [["11_model_trainer_sft", "13_teacher_and_judge"], ["07_training_session_sft"]]  # fmt: skip
     assert ("07 ran while 11 ran", True) in events and ("session lane over while 11 ran", True) in events, events

@@ -1,10 +1,6 @@
 """The sandbox lives in scripts/ and is imported as the container imports it (``import sandbox``)."""
 
-from pathlib import Path
-
 import pytest
-
-SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
 
 
 @pytest.fixture(scope="session")

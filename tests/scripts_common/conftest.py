@@ -3,11 +3,8 @@
 from __future__ import annotations
 
 import os
-from pathlib import Path
 
 import pytest
-
-SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
 
 
 @pytest.fixture
