@@ -4,7 +4,7 @@ Every step:
   1. take a batch of prompts (``--prompts_per_step``, shared out over the learners);
   2. sample ``--num_generations`` completions per prompt (a group) with the current policy;
   3. score them with the environment (reward 1 for the right final number, plus
-     ``--format_reward_weight`` x format reward);
+     ``--format_reward_weight`` x format reward: ``common/rewards.py``);
   4. advantage of a completion = its reward minus its group's mean reward (divided by the group's
      reward std with ``--scale_rewards group``): the group is the baseline, no value model;
   5. ``--num_iterations`` optimizer updates on these rollouts, each over micro-batches of
@@ -34,6 +34,7 @@ import torch
 from common import checkpoints, contract, data, distributed, generation, metrics, models
 from common.advantages import group_advantages_excluding, is_flat
 from common.contract import UserError, option
+from common.rewards import total_rewards
 from environments import Environment
 from transformers import get_constant_schedule_with_warmup, get_cosine_schedule_with_warmup
 
@@ -223,7 +224,7 @@ def rewards_of(
             f"{type(env).__name__}.score returned {len(scores)} scores for "
             f"{len(completions)} completions; it must return one per completion."
         )
-    return [s["reward"] + format_reward_weight * s.get("format_reward", 0.0) for s in scores]
+    return total_rewards(scores, format_reward_weight)
 
 
 def logprobs_by_micro_batch(model, input_ids, attention_mask, micro_batches, num_tokens, temperature) -> torch.Tensor:
