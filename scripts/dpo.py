@@ -44,9 +44,10 @@ import sys
 from dataclasses import dataclass
 
 import torch
-from common import checkpoints, contract, data, distributed, metrics, models
+from common import checkpoints, contract, data, distributed, models
 from common.contract import UserError, option
 from common.preferences import dpo_loss, tokenize_pair  # torch alone: the training sessions import them too
+from common.training_run import TrainingRun
 from transformers import get_cosine_schedule_with_warmup
 
 log = logging.getLogger("dpo")
@@ -98,6 +99,29 @@ def parse_args(argv: list[str] | None = None) -> DPOArgs:
 # --------------------------------------------------------------------------- data
 
 
+def load_pairs(tokenizer, args: DPOArgs) -> tuple[list[dict], list[dict]]:
+    """The tokenised preference pairs of channel ``train`` and of channel ``test`` ([] without one)."""
+
+    def encode(row: dict) -> dict:
+        return tokenize_pair(tokenizer, row, args.max_prompt_length, args.max_length)
+
+    train_file, examples = data.read_channel("train", FIELDS, encode)
+    log.info("%d preference pairs from %s", len(examples), train_file)
+    if not contract.has_channel("test"):
+        return examples, []
+    return examples, data.read_channel("test", FIELDS, encode)[1]
+
+
+def longest_sequence(example: dict) -> int:
+    """Tokens of the longer of the pair's two rows (prompt + chosen, prompt + rejected)."""
+    return len(example["prompt_ids"]) + max(len(example["chosen_ids"]), len(example["rejected_ids"]))
+
+
+def sequence_tokens(example: dict) -> int:
+    """Tokens of both of the pair's rows: what a step trains on."""
+    return 2 * len(example["prompt_ids"]) + len(example["chosen_ids"]) + len(example["rejected_ids"])
+
+
 def collate_pairs(examples: list[dict], pad_token_id: int, device: torch.device) -> dict[str, torch.Tensor]:
     """Rows 0..B-1 are prompt + chosen, rows B..2B-1 prompt + rejected, right-padded; the
     completion mask marks the answer tokens."""
@@ -119,6 +143,43 @@ def completion_logps(logits: torch.Tensor, input_ids: torch.Tensor, completion_m
     token_logps = torch.log_softmax(logits[:, :-1, :].float(), dim=-1)
     token_logps = token_logps.gather(-1, input_ids[:, 1:].unsqueeze(-1)).squeeze(-1)
     return (token_logps * completion_mask[:, 1:]).sum(dim=-1)
+
+
+PAIR_METRICS = (  # a step's metrics: means over its pairs of these sums (TRL's names, "/" written "_")
+    "loss",
+    "rewards_chosen",
+    "rewards_rejected",
+    "rewards_accuracies",
+    "rewards_margins",
+    "logps_chosen",
+    "logps_rejected",
+)
+
+
+def pair_sums(losses, chosen_rewards, rejected_rewards, chosen_logps, rejected_logps) -> dict[str, float]:
+    """The ``PAIR_METRICS`` sums over a micro-batch's pairs, where a reward is beta * (logp - ref_logp)."""
+    return {
+        "loss": losses.sum().item(),
+        "rewards_chosen": chosen_rewards.sum().item(),
+        "rewards_rejected": rejected_rewards.sum().item(),
+        "rewards_accuracies": (chosen_rewards > rejected_rewards).float().sum().item(),
+        "rewards_margins": (chosen_rewards - rejected_rewards).sum().item(),
+        "logps_chosen": chosen_logps.sum().item(),
+        "logps_rejected": rejected_logps.sum().item(),
+    }
+
+
+# --------------------------------------------------------------------------- reference model
+
+
+def load_reference(args: DPOArgs, model_path: str, learners):
+    """The frozen reference: the starting model unless ``--reference_model_name_or_path`` names another."""
+    reference_path = model_path
+    if args.reference_model_name_or_path:
+        reference_path = models.resolve_model_path(
+            args.reference_model_name_or_path, "--reference_model_name_or_path", use_channel=False
+        )
+    return models.load_reference(reference_path, learners, args.strategy)
 
 
 def reference_logps_of(reference, batch: dict, learners) -> tuple[torch.Tensor, torch.Tensor]:
@@ -157,6 +218,19 @@ def precompute_reference_logps(reference, examples: list[dict], learners, batch_
         torch.distributed.all_gather_object(everyone, mine)
         mine = {i: value for part in everyone for i, value in part.items()}
     return [mine[i] for i in range(len(examples))]
+
+
+def reference_tables(args: DPOArgs, reference, resumed: dict | None, examples, test_examples, learners, pad_token_id):
+    """(train, test) tables of reference log-probs, or (None, None) when the reference runs alongside the
+    policy: those a resumed checkpoint saved, else, with ``--precompute_ref_log_probs``, computed now."""
+    if resumed is not None and resumed.get("ref_logps") is not None:
+        return resumed["ref_logps"], resumed.get("test_ref_logps")
+    if not args.precompute_ref_log_probs:
+        return None, None
+    log.info("computing reference log-probs of %d pairs", len(examples) + len(test_examples))
+    batch_size = args.per_device_batch_size
+    train_table = precompute_reference_logps(reference, examples, learners, batch_size, pad_token_id)
+    return train_table, precompute_reference_logps(reference, test_examples, learners, batch_size, pad_token_id)
 
 
 def evaluate(model, reference, ref_table, examples: list[dict], learners, args: DPOArgs, pad_token_id: int) -> dict:
@@ -200,84 +274,35 @@ def train(args: DPOArgs, learners: distributed.Learners) -> bool:
     checkpoints.seed_everything(args.seed)
 
     # ---- data
-    models.unpack_model_archive(learners)  # channel 'model' may be an earlier job's model.tar.gz
-    model_path = models.resolve_model_path(args.model_name_or_path)
-    tokenizer = models.load_tokenizer(model_path)
-    train_file = contract.channel_file("train", "train.jsonl")
-    rows = data.read_jsonl(train_file, FIELDS)
-    examples = [tokenize_pair(tokenizer, row, args.max_prompt_length, args.max_length) for row in rows]
-    log.info("%d preference pairs from %s", len(examples), train_file)
-    test_examples = []
-    if contract.has_channel("test"):
-        test_rows = data.read_jsonl(contract.channel_file("test", "test.jsonl"), FIELDS)
-        test_examples = [tokenize_pair(tokenizer, row, args.max_prompt_length, args.max_length) for row in test_rows]
+    model_path, tokenizer = models.starting_model(args.model_name_or_path, learners)
+    examples, test_examples = load_pairs(tokenizer, args)
 
     # ---- policy, frozen reference, optimizer, schedule, batch order
     model = models.load_model(model_path, models.load_device(learners, args.strategy))
     model.config.use_cache = False  # no generation cache while training
     model = models.prepare_for_training(model, learners, args.strategy, args.gradient_checkpointing)
-    reference_path = model_path  # the starting model, unless another is named
-    if args.reference_model_name_or_path:
-        reference_path = models.resolve_model_path(
-            args.reference_model_name_or_path, "--reference_model_name_or_path", use_channel=False
-        )
-    reference = models.load_reference(reference_path, learners, args.strategy)
+    reference = load_reference(args, model_path, learners)
     optimizer = models.build_optimizer(model, args.learning_rate, args.weight_decay)
     scheduler = get_cosine_schedule_with_warmup(optimizer, min(args.warmup_steps, args.max_steps), args.max_steps)
     batch_order = data.BatchOrder(len(examples), args.batch_size, args.seed)
 
-    # ---- resume after a spot interruption or a restart, from the newest whole checkpoint
-    checkpoint_dir = args.checkpoint_dir or contract.default_checkpoint_dir()
-    checkpointer = checkpoints.Checkpointer(
-        checkpoint_dir, learners, keep=args.keep_checkpoints, background=args.checkpoint_in_background
+    # ---- resume after a spot interruption or a restart, from the newest whole checkpoint; reference
+    # log-probs computed once (--precompute_ref_log_probs) resume with it, and the reference is freed
+    run = TrainingRun(args, learners, model, optimizer, scheduler, batch_order)
+    ref_table, test_ref_table = reference_tables(
+        args, reference, run.resumed, examples, test_examples, learners, tokenizer.pad_token_id
     )
-    resumed = checkpointer.load_latest(model, optimizer, scheduler)
-    start_step, ref_table, test_ref_table = 0, None, None
-    if resumed is not None:
-        start_step = resumed["step"]
-        batch_order.load_state_dict(resumed["extra"]["batch_order"])
-        ref_table, test_ref_table = resumed["extra"].get("ref_logps"), resumed["extra"].get("test_ref_logps")
     if args.precompute_ref_log_probs:
-        if ref_table is None:
-            log.info("computing reference log-probs of %d pairs", len(examples) + len(test_examples))
-            ref_table = precompute_reference_logps(
-                reference, examples, learners, args.per_device_batch_size, tokenizer.pad_token_id
-            )
-            test_ref_table = precompute_reference_logps(
-                reference, test_examples, learners, args.per_device_batch_size, tokenizer.pad_token_id
-            )
-        del reference  # not needed any more: frees its memory
-        reference = None
+        reference = None  # not needed any more: frees its memory
+    logger = run.start()
 
-    logger = metrics.MetricLogger(
-        contract.output_data_dir() / "metrics.jsonl", learners, args.max_steps, resume_step=start_step
-    )
-    sigterm = checkpoints.SigtermFlag()
-    checkpoint_schedule = checkpoints.CheckpointSchedule(args.checkpoint_every, args.checkpoint_every_minutes)
-
-    for step in range(start_step + 1, args.max_steps + 1):
+    for step in range(run.start_step + 1, args.max_steps + 1):
         # ---- the global batch, longest first so micro-batches hold similar lengths (less padding)
-        global_batch = sorted(
-            batch_order.next(),
-            key=lambda i: (
-                -len(examples[i]["prompt_ids"]) - max(len(examples[i]["chosen_ids"]), len(examples[i]["rejected_ids"]))
-            ),
-        )
+        global_batch = sorted(batch_order.next(), key=lambda i: -longest_sequence(examples[i]))
         my_micro_batches = data.shard_batch(global_batch, learners, args.per_device_batch_size)
 
         # ---- forward and backward over this learner's micro-batches (gradient accumulation)
-        sums = dict.fromkeys(
-            (
-                "loss",
-                "rewards_chosen",
-                "rewards_rejected",
-                "rewards_accuracies",
-                "rewards_margins",
-                "logps_chosen",
-                "logps_rejected",
-            ),
-            0.0,
-        )
+        sums = dict.fromkeys(PAIR_METRICS, 0.0)
         for micro_step, indices in enumerate(my_micro_batches):
             batch = collate_pairs([examples[i] for i in indices], tokenizer.pad_token_id, learners.device)
             ref_chosen, ref_rejected = reference_logps_for(indices, batch, reference, ref_table, learners)
@@ -294,13 +319,8 @@ def train(args: DPOArgs, learners: distributed.Learners) -> bool:
                 # DDP/FSDP average gradients over processes; times world_size / batch_size makes the
                 # result the gradient of the mean loss over the global batch's pairs.
                 (losses.sum() * learners.world_size / args.batch_size).backward()
-            sums["loss"] += losses.sum().item()
-            sums["rewards_chosen"] += chosen_rewards.sum().item()
-            sums["rewards_rejected"] += rejected_rewards.sum().item()
-            sums["rewards_accuracies"] += (chosen_rewards > rejected_rewards).float().sum().item()
-            sums["rewards_margins"] += (chosen_rewards - rejected_rewards).sum().item()
-            sums["logps_chosen"] += chosen_logps.sum().item()
-            sums["logps_rejected"] += rejected_logps.sum().item()
+            micro_batch_sums = pair_sums(losses, chosen_rewards, rejected_rewards, chosen_logps, rejected_logps)
+            sums = {name: sums[name] + micro_batch_sums[name] for name in PAIR_METRICS}
 
         # ---- clip, step
         grad_norm = distributed.clip_grad_norm(model, args.max_grad_norm)
@@ -309,16 +329,9 @@ def train(args: DPOArgs, learners: distributed.Learners) -> bool:
         optimizer.zero_grad(set_to_none=True)
 
         # ---- log (and evaluate): means over the global batch's pairs
-        logger.add_tokens(
-            sum(
-                2 * len(examples[i]["prompt_ids"]) + len(examples[i]["chosen_ids"]) + len(examples[i]["rejected_ids"])
-                for i in global_batch
-            )
-        )
-        evaluate_now = bool(test_examples) and (
-            step == args.max_steps or (args.eval_every > 0 and step % args.eval_every == 0)
-        )
-        if step % args.log_every == 0 or step == args.max_steps or evaluate_now:
+        logger.add_tokens(sum(sequence_tokens(examples[i]) for i in global_batch))
+        evaluate_now = bool(test_examples) and run.evaluates_at(step, args.eval_every)
+        if run.logs_at(step, evaluate_now):
             totals = distributed.reduce_sums(sums, learners)
             record = {name: total / args.batch_size for name, total in totals.items()}
             record.update(lr=scheduler.get_last_lr()[0], grad_norm=grad_norm, epoch=batch_order.epoch)
@@ -329,16 +342,11 @@ def train(args: DPOArgs, learners: distributed.Learners) -> bool:
             logger.log(step, record)
 
         # ---- checkpoints by steps/minutes; on SIGTERM save and stop (the restarted job resumes here)
-        extra = {"batch_order": batch_order.state_dict()}
-        if ref_table is not None:  # the reference log-probs, computed once, resume with the model
-            extra.update(ref_logps=ref_table, test_ref_logps=test_ref_table)
-        if checkpoints.save_at_step_end(
-            step, checkpointer, checkpoint_schedule, sigterm, model, optimizer, scheduler, extra=extra
-        ):
+        saved = {} if ref_table is None else {"ref_logps": ref_table, "test_ref_logps": test_ref_table}
+        if run.end_step(step, **saved):
             return False
 
-    checkpointer.wait()  # a background checkpoint still being written needs the process group
-    models.save_final_model(model, tokenizer, contract.model_dir(), learners)
+    run.finish(tokenizer)
     return True
 
 

@@ -31,10 +31,11 @@ from dataclasses import dataclass
 from typing import Literal
 
 import torch
-from common import checkpoints, contract, data, distributed, generation, metrics, models
+from common import checkpoints, contract, data, distributed, generation, models
 from common.advantages import group_advantages_excluding, is_flat
 from common.contract import UserError, option
 from common.rewards import total_rewards
+from common.training_run import TrainingRun
 from environments import Environment
 from transformers import get_constant_schedule_with_warmup, get_cosine_schedule_with_warmup
 
@@ -131,6 +132,15 @@ class GRPOArgs(contract.TrainingArgs):
 
 def parse_args(argv: list[str] | None = None) -> GRPOArgs:
     return contract.HyperparameterParser(GRPOArgs, description=__doc__, prog="grpo.py").parse(argv)
+
+
+def build_scheduler(args: GRPOArgs, optimizer):
+    """``--lr_scheduler`` after ``--warmup_steps`` of linear warm-up, counted in optimizer updates
+    (``--num_iterations`` a step)."""
+    warmup, updates = args.warmup_steps * args.num_iterations, args.max_steps * args.num_iterations
+    if args.lr_scheduler == "cosine":
+        return get_cosine_schedule_with_warmup(optimizer, warmup, updates)
+    return get_constant_schedule_with_warmup(optimizer, warmup)
 
 
 # --------------------------------------------------------------------------- GRPO maths
@@ -401,18 +411,12 @@ def train(args: GRPOArgs, env: Environment, learners: distributed.Learners) -> b
     checkpoints.seed_everything(args.seed + learners.rank)  # learners sample different completions
 
     # ---- model, reference model, optimizer, schedule (one optimizer update per iteration)
-    models.unpack_model_archive(learners)  # channel 'model' may be an earlier job's model.tar.gz
-    model_path = models.resolve_model_path(args.model_name_or_path)
-    tokenizer = models.load_tokenizer(model_path)
+    model_path, tokenizer = models.starting_model(args.model_name_or_path, learners)
     policy = models.load_model(model_path, models.load_device(learners, args.strategy))
     reference = models.load_reference(model_path, learners, args.strategy) if args.beta != 0.0 else None
     model = models.prepare_for_training(policy, learners, args.strategy)
     optimizer = models.build_optimizer(model, args.learning_rate, args.weight_decay)
-    warmup, updates = args.warmup_steps * args.num_iterations, args.max_steps * args.num_iterations
-    if args.lr_scheduler == "cosine":
-        scheduler = get_cosine_schedule_with_warmup(optimizer, warmup, updates)
-    else:
-        scheduler = get_constant_schedule_with_warmup(optimizer, warmup)
+    scheduler = build_scheduler(args, optimizer)
 
     # ---- data, in a reproducible order that survives restarts
     examples = env.load(contract.channel_file("train", "train.jsonl"))
@@ -421,14 +425,7 @@ def train(args: GRPOArgs, env: Environment, learners: distributed.Learners) -> b
     prompts_per_learner = args.prompts_per_step // learners.world_size
 
     # ---- resume after a spot interruption: weights, optimizer, schedule, RNG and data position
-    checkpoint_dir = args.checkpoint_dir or contract.default_checkpoint_dir()
-    checkpointer = checkpoints.Checkpointer(
-        checkpoint_dir, learners, keep=args.keep_checkpoints, background=args.checkpoint_in_background
-    )
-    resumed = checkpointer.load_latest(model, optimizer, scheduler)
-    start_step = 0 if resumed is None else resumed["step"]
-    if resumed is not None:
-        batch_order.load_state_dict(resumed["extra"]["batch_order"])
+    run = TrainingRun(args, learners, model, optimizer, scheduler, batch_order)
     # Sampling runs on the policy itself, so every update is in the next step's rollouts.
     generator = generation.HFGenerator(
         policy,
@@ -438,16 +435,14 @@ def train(args: GRPOArgs, env: Environment, learners: distributed.Learners) -> b
         temperature=args.temperature,
         stop_strings=[args.stop],
     )
-    logger = metrics.MetricLogger(contract.output_data_dir() / "metrics.jsonl", learners, args.max_steps, start_step)
-    sigterm = checkpoints.SigtermFlag()
-    checkpoint_schedule = checkpoints.CheckpointSchedule(args.checkpoint_every, args.checkpoint_every_minutes)
+    logger = run.start()
     log.info(
         "GRPO: %d examples, %d prompts x %d completions per step, %d learner(s), steps %d..%d",
-        *(len(examples), args.prompts_per_step, args.num_generations, learners.world_size, start_step + 1),
+        *(len(examples), args.prompts_per_step, args.num_generations, learners.world_size, run.start_step + 1),
         args.max_steps,
     )
 
-    for step in range(start_step + 1, args.max_steps + 1):
+    for step in range(run.start_step + 1, args.max_steps + 1):
         # ---- 1. this learner's prompts, and 2. a group of completions per prompt
         indices = batch_order.next()[learners.rank * prompts_per_learner : (learners.rank + 1) * prompts_per_learner]
         started = time.perf_counter()
@@ -484,18 +479,14 @@ def train(args: GRPOArgs, env: Environment, learners: distributed.Learners) -> b
             args, env, learners, scores, rewards, attention_mask, mask, update, times, lr
         )
         logger.add_tokens(sequence_tokens)
-        if step % args.log_every == 0 or step == args.max_steps:
+        if run.logs_at(step):
             logger.log(step, line)
 
         # ---- 7. checkpoints by steps/minutes; on SIGTERM save and stop (the restarted job resumes here)
-        extra = {"batch_order": batch_order.state_dict()}
-        if checkpoints.save_at_step_end(
-            step, checkpointer, checkpoint_schedule, sigterm, model, optimizer, scheduler, extra=extra
-        ):
+        if run.end_step(step):
             return False
 
-    checkpointer.wait()  # a background checkpoint still being written needs the process group
-    models.save_final_model(model, tokenizer, contract.model_dir(), learners)
+    run.finish(tokenizer)
     return True
 
 

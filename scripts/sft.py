@@ -50,9 +50,10 @@ from typing import Literal
 
 import torch
 import torch.nn.functional as F
-from common import checkpoints, contract, data, distributed, lm_loss, metrics, models
+from common import checkpoints, contract, data, distributed, lm_loss, models
 from common.contract import UserError, option
 from common.lm_loss import IGNORE_INDEX  # label of positions that carry no loss (prompt, padding)
+from common.training_run import TrainingRun
 from transformers import get_cosine_schedule_with_warmup
 
 log = logging.getLogger("sft")
@@ -169,6 +170,24 @@ def tokenize_conversation(tokenizer, messages: list[dict], max_length: int) -> d
     }
 
 
+def load_examples(tokenizer, max_length: int) -> tuple[list[dict], list[dict]]:
+    """The tokenised conversations of channel ``train`` and of channel ``test`` ([] without one)."""
+
+    def encode(row: dict) -> dict:
+        return tokenize_conversation(tokenizer, row["messages"], max_length)
+
+    train_file, examples = data.read_channel("train", ["messages"], encode, check=check_conversation)
+    log.info(
+        "%d conversations from %s, %d assistant tokens",
+        len(examples),
+        train_file,
+        sum(e["num_targets"] for e in examples),
+    )
+    if not contract.has_channel("test"):
+        return examples, []
+    return examples, data.read_channel("test", ["messages"], encode, check=check_conversation)[1]
+
+
 def collate(examples: list[dict], pad_token_id: int, device: torch.device) -> dict[str, torch.Tensor]:
     """Right-pad a micro-batch; padding is masked out of attention and loss."""
     input_ids, attention_mask = data.pad_rows(
@@ -261,22 +280,8 @@ def train(args: SFTArgs, learners: distributed.Learners) -> bool:
     checkpoints.seed_everything(args.seed)
 
     # ---- data
-    models.unpack_model_archive(learners)  # channel 'model' may be an earlier job's model.tar.gz
-    model_path = models.resolve_model_path(args.model_name_or_path)
-    tokenizer = models.load_tokenizer(model_path)  # with a plain template if the model has none
-    train_file = contract.channel_file("train", "train.jsonl")
-    rows = data.read_jsonl(train_file, ["messages"], check=check_conversation)
-    examples = [tokenize_conversation(tokenizer, row["messages"], args.max_length) for row in rows]
-    log.info(
-        "%d conversations from %s, %d assistant tokens",
-        len(examples),
-        train_file,
-        sum(e["num_targets"] for e in examples),
-    )
-    test_examples = []
-    if contract.has_channel("test"):
-        test_rows = data.read_jsonl(contract.channel_file("test", "test.jsonl"), ["messages"], check=check_conversation)
-        test_examples = [tokenize_conversation(tokenizer, row["messages"], args.max_length) for row in test_rows]
+    model_path, tokenizer = models.starting_model(args.model_name_or_path, learners)  # plain template if none
+    examples, test_examples = load_examples(tokenizer, args.max_length)
 
     # ---- model, optimizer, schedule, batch order
     model = build_model(args, model_path, learners)
@@ -285,27 +290,11 @@ def train(args: SFTArgs, learners: distributed.Learners) -> bool:
     batch_order = data.BatchOrder(len(examples), args.batch_size, args.seed)
 
     # ---- resume after a spot interruption or a restart, from the newest whole checkpoint
-    checkpoint_dir = args.checkpoint_dir or contract.default_checkpoint_dir()
-    checkpointer = checkpoints.Checkpointer(
-        checkpoint_dir,
-        learners,
-        keep=args.keep_checkpoints,
-        trainable_only=args.lora_r > 0,
-        background=args.checkpoint_in_background,
-    )
-    resumed = checkpointer.load_latest(model, optimizer, scheduler)
-    start_step = 0
-    if resumed is not None:
-        start_step = resumed["step"]
-        batch_order.load_state_dict(resumed["extra"]["batch_order"])
-    logger = metrics.MetricLogger(
-        contract.output_data_dir() / "metrics.jsonl", learners, args.max_steps, resume_step=start_step
-    )
-    sigterm = checkpoints.SigtermFlag()
-    checkpoint_schedule = checkpoints.CheckpointSchedule(args.checkpoint_every, args.checkpoint_every_minutes)
+    run = TrainingRun(args, learners, model, optimizer, scheduler, batch_order, trainable_only=args.lora_r > 0)
+    logger = run.start()
     log.info(
         "training steps %d..%d: %d conversations a step, %d micro-batches of %d on each of %d processes",
-        start_step + 1,
+        run.start_step + 1,
         args.max_steps,
         args.batch_size,
         accumulation_steps,
@@ -313,7 +302,7 @@ def train(args: SFTArgs, learners: distributed.Learners) -> bool:
         learners.world_size,
     )
 
-    for step in range(start_step + 1, args.max_steps + 1):
+    for step in range(run.start_step + 1, args.max_steps + 1):
         # ---- the global batch, longest first so micro-batches hold similar lengths (less padding)
         global_batch = sorted(batch_order.next(), key=lambda i: -len(examples[i]["input_ids"]))
         num_targets = max(sum(examples[i]["num_targets"] for i in global_batch), 1)
@@ -340,10 +329,8 @@ def train(args: SFTArgs, learners: distributed.Learners) -> bool:
 
         # ---- log (and evaluate)
         logger.add_tokens(sum(len(examples[i]["input_ids"]) for i in global_batch))
-        evaluate_now = bool(test_examples) and (
-            step == args.max_steps or (args.eval_every > 0 and step % args.eval_every == 0)
-        )
-        if step % args.log_every == 0 or step == args.max_steps or evaluate_now:
+        evaluate_now = bool(test_examples) and run.evaluates_at(step, args.eval_every)
+        if run.logs_at(step, evaluate_now):
             loss = distributed.all_reduce_sum(local_loss_sum, learners).item() / num_targets
             record = {
                 "loss": loss,
@@ -364,14 +351,10 @@ def train(args: SFTArgs, learners: distributed.Learners) -> bool:
             logger.log(step, record)
 
         # ---- checkpoints by steps/minutes; on SIGTERM save and stop (the restarted job resumes here)
-        extra = {"batch_order": batch_order.state_dict()}
-        if checkpoints.save_at_step_end(
-            step, checkpointer, checkpoint_schedule, sigterm, model, optimizer, scheduler, extra=extra
-        ):
+        if run.end_step(step):
             return False
 
-    checkpointer.wait()  # a background checkpoint still being written needs the process group
-    models.save_final_model(model, tokenizer, contract.model_dir(), learners)
+    run.finish(tokenizer)
     return True
 
 

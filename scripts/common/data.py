@@ -11,14 +11,16 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
-from common.contract import UserError
+from common.contract import UserError, channel_file
 
 if TYPE_CHECKING:
     import torch
 
     from common.distributed import Learners
+
+Example = TypeVar("Example")
 
 
 def _is_empty(value) -> bool:
@@ -64,6 +66,15 @@ def read_jsonl(path: str | Path, fields: Sequence[str], check: Callable[[dict], 
     if not rows:
         raise UserError(f"Data file {path} has no rows.")
     return rows
+
+
+def read_channel(
+    name: str, fields: Sequence[str], encode: Callable[[dict], Example], check: Callable[[dict], None] | None = None
+) -> tuple[Path, list[Example]]:
+    """Input channel ``name``'s ``<name>.jsonl`` (``contract.channel_file``) read with ``read_jsonl``,
+    every row passed through ``encode`` (a tokeniser): the file and the encoded rows."""
+    path = channel_file(name, f"{name}.jsonl")
+    return path, [encode(row) for row in read_jsonl(path, fields, check=check)]
 
 
 def prompt_token_ids(tokenizer, messages: list[dict]) -> list[int]:

@@ -101,6 +101,15 @@ def unpack_model_archive(learners: Learners) -> None:
     os.environ["SM_CHANNEL_MODEL"] = str(target)
 
 
+def starting_model(name_or_path: str, learners: Learners) -> tuple[str, object]:
+    """Where the starting model is (``resolve_model_path``: channel ``model``, unpacked when it holds a
+    job's ``model.tar.gz``, else ``name_or_path``) and its tokenizer (``load_tokenizer``). Every
+    learner must call it."""
+    unpack_model_archive(learners)
+    path = resolve_model_path(name_or_path)
+    return path, load_tokenizer(path)
+
+
 def compute_dtype(device: torch.device) -> torch.dtype:
     return torch.bfloat16 if device.type == "cuda" else torch.float32
 
