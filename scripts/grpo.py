@@ -308,13 +308,98 @@ def policy_update(
     return update
 
 
-def environment_metrics(env: Environment, learners: distributed.Learners) -> dict[str, float]:
-    """``env.step_metrics()`` (optional, see ``environments/__init__.py``) averaged over the learners.
-    Called every step on every learner, also between logging steps, so each call covers one step."""
+def rollout_rows(prompt_rows, completion_ids, pad_token_id: int, device) -> tuple[torch.Tensor, ...]:
+    """The update's prompt + completion rows: prompts padded on the left, completions on the right, so
+    every completion starts at the same column. Returns ``input_ids``, ``attention_mask`` and the mask
+    of the completion tokens (float)."""
+    prompt_ids, prompt_mask = data.pad_rows(prompt_rows, pad_token_id, left=True, device=device)
+    completion_tensor, mask = data.pad_rows(completion_ids, pad_token_id, left=False, device=device)
+    return torch.cat([prompt_ids, completion_tensor], 1), torch.cat([prompt_mask, mask], 1), mask.float()
+
+
+# --------------------------------------------------------------------------- metrics
+
+
+def reward_sums(scores: list[dict], rewards: torch.Tensor, num_generations: int) -> dict[str, float]:
+    """This learner's sums behind the reward metrics: completions; those with a reward (an LLM judge
+    that failed gives NaN), their rewards and squared rewards; the environment's ``correct`` and
+    ``format_reward`` where it gives them; groups, and those whose rewards are all equal."""
+    correct = [float(s["correct"]) for s in scores if "correct" in s]
+    formats = [float(s["format_reward"]) for s in scores if "format_reward" in s]
+    rewarded = ~rewards.isnan()
+    groups = rewards.view(-1, num_generations).tolist()
+    return {
+        "completions": len(scores),
+        "rewarded": rewarded.sum(),
+        "reward": rewards[rewarded].sum(),
+        "reward_squares": (rewards[rewarded] ** 2).sum(),
+        "judged": len(correct),
+        "correct": sum(correct),
+        "formatted": len(formats),
+        "format_reward": sum(formats),
+        "groups": len(scores) // num_generations,
+        "zero_std_groups": sum(is_flat([r for r in group if not math.isnan(r)]) for group in groups),
+    }
+
+
+def reward_metrics(totals: dict[str, float], judged: bool) -> dict[str, float]:
+    """From ``reward_sums`` over all learners: ``reward`` and ``reward_std`` (sample std) of the rewarded
+    completions, ``unrewarded`` with an LLM judge (left out of their groups' advantages), ``accuracy``
+    and ``format_reward`` where the environment gives them."""
+    rewarded = max(totals["rewarded"], 1)
+    mean = totals["reward"] / rewarded
+    variance = max(totals["reward_squares"] / rewarded - mean**2, 0.0) * rewarded / max(rewarded - 1, 1)
+    line = {"reward": mean, "reward_std": math.sqrt(variance)}
+    if judged:
+        line["unrewarded"] = totals["completions"] - totals["rewarded"]
+    if totals["judged"]:
+        line["accuracy"] = totals["correct"] / totals["judged"]
+    if totals["formatted"]:
+        line["format_reward"] = totals["format_reward"] / totals["formatted"]
+    return line
+
+
+def update_sums(update: dict[str, float], attention_mask, mask, num_iterations: int) -> dict[str, float]:
+    """This learner's sums behind the update's metrics: completion tokens (``mask``), tokens of the
+    prompt + completion rows, and ``policy_update``'s sums (loss and grad_norm per iteration)."""
+    return {
+        "tokens": mask.sum(),
+        "sequence_tokens": attention_mask.sum(),
+        "loss": update["loss"] / num_iterations,
+        "clipped_tokens": update["clipped_tokens"],
+        "kl": update["kl"],
+        "grad_norm": update["grad_norm"] / num_iterations,
+    }
+
+
+def update_metrics(totals: dict[str, float], args: GRPOArgs, world_size: int) -> dict[str, float]:
+    """From ``update_sums`` and ``reward_sums`` over all learners: ``kl`` (with ``--beta``) and
+    ``clip_ratio`` per updated token, ``completion_length``, ``frac_reward_zero_std`` (groups the update
+    learns nothing from: all their advantages are 0), and ``loss`` and ``grad_norm`` averaged over learners."""
+    updated_tokens = totals["tokens"] * args.num_iterations
+    line = {"kl": totals["kl"] / updated_tokens} if args.beta != 0.0 else {}
+    line["clip_ratio"] = totals["clipped_tokens"] / updated_tokens
+    line["completion_length"] = totals["tokens"] / totals["completions"]
+    line["frac_reward_zero_std"] = totals["zero_std_groups"] / totals["groups"]
+    line["loss"] = totals["loss"] / world_size
+    line["grad_norm"] = totals["grad_norm"] / world_size
+    return line
+
+
+def environment_metrics(env: Environment, learners: distributed.Learners, logged: dict) -> dict[str, float]:
+    """``env.step_metrics()`` (optional, see ``environments/__init__.py``) averaged over the learners,
+    under names of their own (not among ``logged``, the loop's). Called every step on every learner,
+    also between logging steps, so each call covers one step."""
     if not hasattr(env, "step_metrics"):
         return {}
     totals = distributed.reduce_sums(env.step_metrics(), learners)
-    return {name: total / learners.world_size for name, total in totals.items()}
+    line = {name: total / learners.world_size for name, total in totals.items()}
+    if line.keys() & logged.keys():
+        raise RuntimeError(
+            f"{type(env).__name__}.step_metrics returned {sorted(line.keys() & logged.keys())}, "
+            "names the loop already logs; give them names of their own."
+        )
+    return line
 
 
 def step_metrics(
@@ -331,69 +416,18 @@ def step_metrics(
 ) -> tuple[dict[str, float], float]:
     """The step's metric record (TRL's names) and the tokens the step processed, over all learners.
 
-    This learner's ``scores`` and ``rewards``; ``attention_mask`` and ``mask`` (completion tokens) of
-    its prompt + completion rows; ``update``: the policy update's sums over its iterations (``loss``,
-    ``clipped_tokens``, ``kl``, ``grad_norm``); ``times``: its seconds per phase. Sums are taken over
-    the learners in one all-reduce, then turned into means. Called on every learner."""
-    correct = [float(s["correct"]) for s in scores if "correct" in s]
-    rewarded = ~rewards.isnan()  # a sample an LLM judge failed to score has no reward
-    groups = rewards.view(-1, args.num_generations).tolist()
-    formats = [float(s["format_reward"]) for s in scores if "format_reward" in s]
-    totals = distributed.reduce_sums(
-        {
-            "completions": len(scores),
-            "rewarded": rewarded.sum(),
-            "reward": rewards[rewarded].sum(),
-            "reward_squares": (rewards[rewarded] ** 2).sum(),
-            "judged": len(correct),
-            "correct": sum(correct),
-            "formatted": len(formats),
-            "format_reward": sum(formats),
-            "tokens": mask.sum(),
-            "sequence_tokens": attention_mask.sum(),
-            "groups": len(scores) // args.num_generations,
-            "zero_std_groups": sum(is_flat([r for r in group if not math.isnan(r)]) for group in groups),
-            "loss": update["loss"] / args.num_iterations,
-            "clipped_tokens": update["clipped_tokens"],
-            "kl": update["kl"],
-            "grad_norm": update["grad_norm"] / args.num_iterations,
-            **times,
-        },
-        learners,
-    )
-    n, rewarded_n = totals["completions"], max(totals["rewarded"], 1)
-    updated_tokens = totals["tokens"] * args.num_iterations
-    reward_mean = totals["reward"] / rewarded_n
-    line = {
-        "reward": reward_mean,
-        "reward_std": math.sqrt(
-            max(totals["reward_squares"] / rewarded_n - reward_mean**2, 0.0) * rewarded_n / max(rewarded_n - 1, 1)
-        ),
+    This learner's sums (``reward_sums``, ``update_sums``, ``times``: seconds per phase) are added up
+    over the learners in one all-reduce, then turned into means. Called on every learner."""
+    sums = {
+        **reward_sums(scores, rewards, args.num_generations),
+        **update_sums(update, attention_mask, mask, args.num_iterations),
+        **times,
     }
-    if args.judge_model:
-        line["unrewarded"] = n - totals["rewarded"]  # left out of their groups' advantages
-    if totals["judged"]:
-        line["accuracy"] = totals["correct"] / totals["judged"]
-    if totals["formatted"]:
-        line["format_reward"] = totals["format_reward"] / totals["formatted"]
-    if args.beta != 0.0:
-        line["kl"] = totals["kl"] / updated_tokens
-    line["clip_ratio"] = totals["clipped_tokens"] / updated_tokens
-    line["completion_length"] = totals["tokens"] / n
-    line["frac_reward_zero_std"] = totals["zero_std_groups"] / totals["groups"]
-    line["loss"] = totals["loss"] / learners.world_size
-    line["grad_norm"] = totals["grad_norm"] / learners.world_size
+    totals = distributed.reduce_sums(sums, learners)
+    line = reward_metrics(totals, judged=bool(args.judge_model)) | update_metrics(totals, args, learners.world_size)
     line["lr"] = lr
-    for name in times:
-        line[name] = totals[name] / learners.world_size
-    # The environment's own metrics (the code judge's verdict rates, ...) join the same record.
-    env_line = environment_metrics(env, learners)
-    if env_line.keys() & line.keys():
-        raise RuntimeError(
-            f"{type(env).__name__}.step_metrics returned {sorted(env_line.keys() & line.keys())}, "
-            "names the loop already logs; give them names of their own."
-        )
-    line.update(env_line)
+    line.update({name: totals[name] / learners.world_size for name in times})
+    line.update(environment_metrics(env, learners, line))  # the code judge's verdict rates, ...
     return line, totals["sequence_tokens"]
 
 
@@ -462,12 +496,9 @@ def train(args: GRPOArgs, env: Environment, learners: distributed.Learners) -> b
         # ---- 5. the policy update on prompt + completion rows
         started = time.perf_counter()
         prompt_rows = [prompts[i] for i in indices for _ in range(args.num_generations)]
-        prompt_ids, prompt_mask = data.pad_rows(prompt_rows, tokenizer.pad_token_id, left=True, device=learners.device)
-        completion_tensor, mask = data.pad_rows(
-            completion_ids, tokenizer.pad_token_id, left=False, device=learners.device
+        input_ids, attention_mask, mask = rollout_rows(
+            prompt_rows, completion_ids, tokenizer.pad_token_id, learners.device
         )
-        input_ids, attention_mask = torch.cat([prompt_ids, completion_tensor], 1), torch.cat([prompt_mask, mask], 1)
-        mask = mask.float()
         update = policy_update(
             args, learners, model, reference, optimizer, scheduler, input_ids, attention_mask, mask, advantages
         )
