@@ -24,10 +24,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-try:
-    from common.contract import UserError
-except ImportError:  # imported as scripts.common.distillation (notebooks, tests)
-    from scripts.common.contract import UserError
+from common.contract import UserError
 
 
 def distillation_advantages(

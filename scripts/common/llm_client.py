@@ -78,10 +78,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-try:
-    from common.contract import UserError, default_checkpoint_dir
-except ImportError:  # imported as scripts.common.llm_client (notebooks, tests)
-    from scripts.common.contract import UserError, default_checkpoint_dir
+from common.contract import UserError, default_checkpoint_dir
 
 log = logging.getLogger("common.llm_client")
 

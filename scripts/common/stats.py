@@ -2,8 +2,8 @@
 behind them: how many distinct answers a model gave, whether they collapsed into one, and so whether a
 change counts as a gain.
 
-Torch-free, so the job scripts (``common.stats``), the session loops and the notebook helpers
-(``scripts.common.stats``) share one definition.
+Torch-free, so the job scripts, the session loops and the notebook helpers share one definition
+(``common.stats``).
 """
 
 from __future__ import annotations

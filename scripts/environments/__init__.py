@@ -37,10 +37,7 @@ from __future__ import annotations
 import importlib
 from typing import Any, Protocol, runtime_checkable
 
-try:
-    from common.contract import UserError
-except ImportError:  # imported as scripts.environments (the notebook side's summary, tests)
-    from scripts.common.contract import UserError
+from common.contract import UserError
 
 
 @runtime_checkable
@@ -68,7 +65,5 @@ def make_environment(name: str, **options: Any) -> Environment:
     if name not in REGISTRY:
         raise UserError(f"Unknown environment {name!r}: choose one of {', '.join(sorted(REGISTRY))}.")
     module_name, class_name = REGISTRY[name]
-    # Relative import, so this works both as the top-level package ``environments`` (inside the
-    # training container, cwd = code dir) and as ``scripts.environments``.
-    module = importlib.import_module(f".{module_name}", __package__)
+    module = importlib.import_module(f"environments.{module_name}")
     return getattr(module, class_name)(**options)

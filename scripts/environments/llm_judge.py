@@ -31,10 +31,7 @@ import math
 import random
 from collections.abc import Sequence
 
-try:
-    from common.llm_client import LLMClient, ParseError, json_object
-except ImportError:  # imported as scripts.environments.llm_judge (notebooks, tests)
-    from scripts.common.llm_client import LLMClient, ParseError, json_object
+from common.llm_client import LLMClient, ParseError, json_object
 
 MAX_SCORE = 10
 RUBRIC = (
