@@ -366,10 +366,11 @@ class Engine:
             self.optimizer.load_state_dict(payload["optimizer"])
             self.step = payload["step"]
 
-    def merged_state(self) -> dict[str, torch.Tensor]:
+    def merged_model(self) -> torch.nn.Module:
+        """The base model with the adapter merged in (peft's ``merge_and_unload``), a plain transformers
+        model that ``save_pretrained`` writes as any other."""
         with self.lock:  # merged into a copy: the session keeps training its adapter
-            merged = copy.deepcopy(self.model).merge_and_unload()
-            return {k: v.detach().contiguous() for k, v in merged.state_dict().items()}
+            return copy.deepcopy(self.model).merge_and_unload()
 
     # ---- sampling and scoring
     @contextlib.contextmanager

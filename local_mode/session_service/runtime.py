@@ -387,13 +387,14 @@ class Runtime:
         # (an overlapped RL loop saves while its next batch samples).
         with live.engine.lock, tempfile.TemporaryDirectory() as tmp:
             live.engine.model.save_pretrained(tmp)  # a PEFT adapter folder: PeftModel.from_pretrained loads it
-            files = {p.name: p.read_bytes() for p in Path(tmp).iterdir() if p.is_file()}
+            if operation.config.get("mergeWeights"):
+                # hf_merged/: the merged model and its tokenizer as save_pretrained writes them, the folder
+                # an inference container (TGI, LMI) serves from /opt/ml/model as it is.
+                live.engine.merged_model().save_pretrained(Path(tmp) / "hf_merged")
+                live.engine.tokenizer.save_pretrained(Path(tmp) / "hf_merged")
+            files = {str(p.relative_to(tmp)): p.read_bytes() for p in Path(tmp).rglob("*") if p.is_file()}
             if checkpoint:
                 files["optimizer.pt"] = live.engine.state_bytes(with_optimizer=True)
-            if operation.config.get("mergeWeights"):
-                from safetensors.torch import save
-
-                files["hf_merged/model.safetensors"] = save(live.engine.merged_state())
         for name, data in files.items():
             self.aws.s3.put_object(Bucket=bucket, Key=f"{key}/{name}", Body=data)
         package = self.control_plane.register_package(
