@@ -24,6 +24,7 @@ import random
 from common import stats
 from common.advantages import group_advantages, is_flat
 from common.data import prompt_token_ids
+from common.rewards import total_rewards
 
 from helpers.training_sessions import datum_tools
 
@@ -86,12 +87,12 @@ def receive_groups(tokenizer, requests) -> list[dict]:
 def score_groups(env, groups: list[dict], format_reward_weight: float = 0.0) -> list[dict]:
     """Score every completion with the environment in one call (a judge can spread it over its workers);
     each group gets ``scores`` and ``rewards``: the environment's reward plus ``format_reward_weight`` x its
-    format reward."""
+    format reward, by the formula the job scripts use (``common.rewards``)."""
     examples = [g["problem"] for g in groups for _ in g["completions"]]
     scores = iter(env.score(examples, [c for g in groups for c in g["completions"]]))
     for group in groups:
         group["scores"] = [next(scores) for _ in group["completions"]]
-        group["rewards"] = [s["reward"] + format_reward_weight * s.get("format_reward", 0.0) for s in group["scores"]]
+        group["rewards"] = total_rewards(group["scores"], format_reward_weight)
     return groups
 
 
