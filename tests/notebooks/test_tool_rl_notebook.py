@@ -1,0 +1,75 @@
+"""Notebook 15 (multi-turn RL with a Python tool) on a finished run: its held-out accuracy with the tool
+after training against before, paired, must count as a gain by the workshop's rule (beyond two standard
+errors, answers not collapsed into one), and the tool must have been used (opt-in: ``-m slow``).
+
+With ``TOOL_RL_RUN=<work_dir>`` the test reads the record a finished run left there
+(``<work_dir>/training_sessions.json``); without it, it runs notebooks 00 and 15 with their CI parameters
+(a few minutes on 2 cores).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+from common import stats
+
+from tools import run_notebooks
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
+REPO = Path(__file__).resolve().parents[2]
+NOTEBOOK = REPO / "notebooks" / "15_training_session_tool_rl.ipynb"
+# Local mode, the tiny model tuned to answer '#### n', a few minutes of steps (the notebook defaults to the cloud).
+CI_PARAMETERS = {
+    "base_model": "local/tiny-qwen2-gsm8k-format",
+    "lora_rank": 16,
+    "lora_alpha": 32,
+    "steps": 16,
+    "problems_per_step": 16,
+    "group_size": 8,
+    "max_turns": 3,
+    "context": 1024,
+    "learning_rate": 1e-3,
+    "format_reward_weight": 0.5,
+    "held_out_problems": 32,
+    "held_out_samples": 16,
+}
+
+
+@pytest.fixture(scope="module")
+def record(tmp_path_factory) -> dict:
+    import papermill
+
+    if os.environ.get("TOOL_RL_RUN"):
+        work_dir = Path(os.environ["TOOL_RL_RUN"]).resolve()
+    else:
+        work_dir = tmp_path_factory.mktemp("tool-rl")
+        papermill.execute_notebook(
+            str(REPO / "notebooks" / "00_setup_and_data.ipynb"),
+            str(work_dir / "00.ipynb"),
+            kernel_name="python3",
+            parameters={"run_mode": "local", "work_dir": str(work_dir), **run_notebooks.CI_PARAMETERS["00"]},
+        )
+        papermill.execute_notebook(
+            str(NOTEBOOK),
+            str(work_dir / "15.ipynb"),
+            kernel_name="sagemaker-sdk-v3",
+            parameters={"run_mode": "local", "work_dir": str(work_dir), **CI_PARAMETERS},
+        )
+    entries = json.loads((work_dir / "training_sessions.json").read_text())
+    (entry,) = [e for e in entries if e["notebook"] == "15_training_session_tool_rl"]
+    return entry
+
+
+def test_the_held_out_accuracy_with_the_tool_rises_beyond_two_standard_errors(record):
+    held_out = record["held_out"]
+    assert held_out["problems"] == CI_PARAMETERS["held_out_problems"] or os.environ.get("TOOL_RL_RUN")
+    assert stats.counts_as_gain(
+        held_out["change"], held_out["change_standard_error"], held_out["after_answer_diversity"]
+    ), held_out
+
+
+def test_the_trained_model_uses_the_tool(record):
+    assert record["tool_use"]["after"]["tool_calls_per_answer"] > 0, record["tool_use"]
