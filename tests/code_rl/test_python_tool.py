@@ -134,3 +134,16 @@ def test_shaping_is_a_parameter_and_bad_values_are_refused(tokenizer, code_sandb
     assert shaped.step_metrics() == {"tool_calls": 1.0, "tool_failure_rate": 1.0}
     with pytest.raises(ValueError, match="tool_error_penalty"):
         make_environment("python_tool", sandbox=code_sandbox, tool_error_penalty=-1)
+
+
+def test_a_worked_answers_calculations_become_a_demonstrated_tool_call(tokenizer, tool_env):
+    from helpers.training_sessions import tool_rl
+
+    worked = {"question": "Mei has 7 cards and gives 5 away. How many are left?", "answer": "7-5 = <<7-5=2>>2\n#### 2"}
+    stated = {"question": "A week has how many days?", "answer": "A week has 7 days.\n#### 7"}
+    assert tool_rl.demonstration(worked) == ["```python\nprint(7-5)\n```", "#### 2"]
+    assert tool_rl.demonstration(stated) == ["#### 7"]
+    shown, direct = tool_rl.warmup_episodes(tool_env, ChatTurns(tokenizer), [worked, stated], context=1024)
+    assert shown.tool_replies == ["2"] and shown.end_reason == "answered" and len(shown.turns) == 2
+    assert direct.tool_replies == [] and direct.turns == ["#### 7"]
+    assert "[tool turn, weight 0]" in tool_rl.show_episode(tokenizer, shown)
