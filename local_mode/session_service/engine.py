@@ -36,6 +36,7 @@ from common.data import pad_rows
 from common.generation import SampleRequest, default_stop_ids, sample_requests
 
 from . import PRECISIONS, configured_precision
+from .profile import generation_passes, phase
 
 LOSS_INPUTS = {
     "cross_entropy": ("target_tokens", "weights"),
@@ -280,33 +281,41 @@ class Engine:
         parsed = parse_datums(datums, loss_fn)
         config = check_loss_config(loss_fn, config)
         outputs, total = [], 0.0
+        order = length_order(parsed)  # the outputs go back in the datums' order below
         with self.lock:
-            for batch in micro_batches(parsed):
-                with torch.set_grad_enabled(backward), self.computing():
-                    logprobs = self._logprobs([t for t, _ in batch], [i["target_tokens"] for _, i in batch])
-                    losses = [
-                        token_losses(loss_fn, lp, inputs, config).sum()
-                        for lp, (_, inputs) in zip(logprobs, batch, strict=True)
-                    ]
-                    loss = torch.stack(losses).sum()
+            for batch in micro_batches([parsed[index] for index in order]):
+                rows, width = len(batch), max(len(t) for t, _ in batch)
+                with phase("fb_forward", rows=rows, padded=rows * width, tokens=sum(len(t) for t, _ in batch)):
+                    with torch.set_grad_enabled(backward), self.computing():
+                        logprobs = self._logprobs([t for t, _ in batch], [i["target_tokens"] for _, i in batch])
+                        losses = [
+                            token_losses(loss_fn, lp, inputs, config).sum()
+                            for lp, (_, inputs) in zip(logprobs, batch, strict=True)
+                        ]
+                        loss = torch.stack(losses).sum()
                 if backward:
-                    loss.backward()  # gradients accumulate in .grad until optim_step
-                total += loss.item()
-                outputs += [
-                    {"logprobs": tensor_to_wire(lp), "loss": tensor_to_wire(datum_loss.reshape(1))}
-                    for lp, datum_loss in zip(logprobs, losses, strict=True)
-                ]
+                    with phase("fb_backward", rows=rows, padded=rows * width):
+                        loss.backward()  # gradients accumulate in .grad until optim_step
+                with phase("fb_outputs", rows=rows):
+                    total += loss.item()
+                    outputs += [
+                        {"logprobs": tensor_to_wire(lp), "loss": tensor_to_wire(datum_loss.reshape(1))}
+                        for lp, datum_loss in zip(logprobs, losses, strict=True)
+                    ]
                 del logprobs, losses, loss  # the pass's activations, before the memory goes back
             return_freed_memory()
+        in_order = [None] * len(parsed)
+        for index, output in zip(order, outputs, strict=True):
+            in_order[index] = output
         tokens = sum(len(t) for t, _ in parsed)
         return {
             "lossFnOutputType": "TensorData",
-            "lossFnOutputs": outputs,
+            "lossFnOutputs": in_order,
             "metrics": {"loss:sum": total, "global_token_num": float(tokens)},
         }, tokens
 
     def optim_step(self, adam: dict) -> dict:
-        with self.lock:
+        with self.lock, phase("optim_step"):
             lr = adam["learningRate"]
             ratio = adam.get("loraPlusLrRatio") or 1.0
             for group in self.optimizer.param_groups:
@@ -394,9 +403,9 @@ class Engine:
 
     @contextlib.contextmanager
     def sampling_model(self, adapter):
-        """The model a sampling pass runs, under the engine's lock. A saved adapter is merged into a
-        copy of the model once, at its first pass, and the copy kept until another saved adapter is
-        sampled: a loop samples each saved sampler in many passes, and the merged model samples
+        """The model a sampling pass runs, under the engine's lock. A saved adapter is merged once, at
+        its first pass, into the engine's one sampler model, and kept there until another saved adapter
+        is sampled: a loop samples each saved sampler in many passes, and the merged model samples
         faster than the LoRA layers (docs/BENCHMARKS.md). The base model and this engine's own
         adapter (a saved package's own engine) run as they are."""
         with self.lock:
@@ -405,13 +414,34 @@ class Engine:
                     yield self.model
             else:
                 if self.merged_sampler is None or self.merged_sampler[0] is not adapter:
-                    self.merged_sampler = None  # the previous copy's memory goes before the next is built
-                    return_freed_memory(collect=True)
-                    model = copy.deepcopy(self.model)
-                    _set_peft_state(model, adapter)
-                    self.merged_sampler = (adapter, model.merge_and_unload().eval())
+                    with phase("merge"):
+                        sampler = self._merge_for_sampling(adapter)
+                    self.merged_sampler = (adapter, sampler)
                     self.merges += 1
                 yield self.merged_sampler[1]
+
+    def _merge_for_sampling(self, adapter) -> torch.nn.Module:
+        """The sampler model with ``adapter`` merged: each LoRA layer's weight set to its base weight plus
+        the saved adapter's delta (peft's ``get_delta_weight``, the sum ``merge_and_unload`` computes).
+        The sampler model is built once, a merged copy of this model; each saved adapter after that is
+        written into the same tensors, rather than a copy of the model per saved sampler (a step's
+        deepcopy and merge took 4.5 s on SmolLM2, and its memory went and came every step)."""
+        from peft.tuners.lora import LoraLayer
+
+        sampler = self.merged_sampler[1] if self.merged_sampler is not None else None
+        self.merged_sampler = None
+        if sampler is None:
+            return_freed_memory(collect=True)
+            sampler = copy.deepcopy(self.model).merge_and_unload().eval()
+        layers = dict(sampler.named_modules())
+        with self.weights(adapter), torch.no_grad():  # the saved adapter's tensors in this model's LoRA layers
+            for name, module in self.model.get_base_model().named_modules():
+                if isinstance(module, LoraLayer):
+                    weight = layers[name].weight
+                    weight.copy_(module.get_base_layer().weight)
+                    for adapter_name in module.active_adapters:
+                        weight.add_(module.get_delta_weight(adapter_name))
+        return sampler
 
     def compute_logprobs(self, tokens: list[int], adapter=OWN_ADAPTER) -> list[float | None]:
         with self.weights(adapter), torch.no_grad():
@@ -450,6 +480,12 @@ class Engine:
         ]
 
 
+def length_order(parsed: list) -> list[int]:
+    """The datums' indices, shortest first: passes of datums of like length pad little (a GRPO step's
+    answers run from a few tokens to the cap; in the order sent, a pass padded 11 % of its tokens)."""
+    return sorted(range(len(parsed)), key=lambda index: len(parsed[index][0]))
+
+
 def micro_batches(parsed: list) -> list[list]:
     """Consecutive datums, in order, grouped so that no pass exceeds ``MICRO_BATCH`` datums or
     ``MICRO_BATCH_TOKENS`` padded tokens (a datum longer than that alone is a pass of its own)."""
@@ -461,6 +497,53 @@ def micro_batches(parsed: list) -> list[list]:
             batch = []
         batch.append(item)
     return batches + ([batch] if batch else [])
+
+
+@contextlib.contextmanager
+def shared_prompt_prefill(model):
+    """While the context lasts, ``generate`` on ``model`` reads each distinct prompt of a pass once. A
+    request's ``numSamples`` rows are the same left-padded prompt: the pass's first model call (its cache
+    still empty) runs on one row per distinct prompt, and its KV cache and logits are then repeated for
+    every row (``Cache.batch_select_indices``, which ``sample_requests`` also prunes with), so a group of
+    6 answers reads its prompt once rather than 6 times. A row's keys, values and logits do not depend on
+    the rows beside it in fp32 (tests/training_sessions/test_batched_sampling.py holds the samples to those
+    of a pass that reads every row), so each seeded sample is the same. Calls on a filled cache (the
+    decode steps, and the later ``generate`` calls of a pass) run as they are."""
+    import functools
+
+    from transformers import Cache
+
+    target = model.get_base_model() if hasattr(model, "get_base_model") else model  # peft: the model generate runs
+    original = target.forward
+
+    @functools.wraps(original)  # generate reads the forward's signature
+    def forward(*args, **kwargs):
+        ids = kwargs.get("input_ids")
+        cache = next((v for v in kwargs.values() if isinstance(v, Cache)), None)
+        mask = kwargs.get("attention_mask")
+        if args or ids is None or cache is None or cache.get_seq_length() > 0 or ids.size(0) < 2 or mask is None:
+            return original(*args, **kwargs)
+        rows = ids.size(0)
+        _, inverse = torch.unique(torch.cat([ids, mask.to(ids.dtype)], 1), dim=0, return_inverse=True)
+        distinct = int(inverse.max()) + 1
+        if distinct == rows:
+            return original(*args, **kwargs)
+        # One row of each distinct prompt (its first), and the batched inputs cut to those rows.
+        first = torch.full((distinct,), rows).scatter_reduce(0, inverse, torch.arange(rows), "amin")
+        read = {
+            k: v[first] if isinstance(v, torch.Tensor) and v.dim() > 1 and v.size(0) == rows else v
+            for k, v in kwargs.items()
+        }
+        output = original(**read)
+        cache.batch_select_indices(inverse)  # every row gets its prompt's keys and values
+        output.logits = output.logits[inverse]
+        return output
+
+    target.forward = forward
+    try:
+        yield
+    finally:
+        del target.forward  # the class's forward again
 
 
 class SamplingQueue:
@@ -496,15 +579,35 @@ class SamplingQueue:
         while True:
             with self.engine.lock:  # the model is free: what waits now goes in this pass
                 with self.cond:
-                    # A loop's requests reach the service over HTTP a few milliseconds apart: gather
-                    # them until none has arrived for GATHER_SECONDS.
-                    while (quiet := time.monotonic() - self.last_arrival) < GATHER_SECONDS:
-                        self.cond.wait(GATHER_SECONDS - quiet)
+                    self._wait_for_quiet()
                     if not self.pending:
                         self.worker = None
                         return
-                    batch = self._take()
-                self._run(batch)
+                    adapter = self.pending[0][1]
+                batch = None
+                try:
+                    # A new saved adapter is merged before the pass's requests are taken: those that
+                    # arrive while it merges join this pass rather than wait for the next one.
+                    with self.engine.sampling_model(adapter) as model:
+                        with self.cond:
+                            self._wait_for_quiet()
+                            batch = self._take()
+                        answers = self._run(model, batch)
+                except Exception as error:  # noqa: BLE001 - each caller's operation reports it
+                    if batch is None:
+                        with self.cond:
+                            batch = self._take()
+                    for _, _, future in batch:
+                        future.set_exception(error)
+                else:
+                    for (_, _, future), samples in zip(batch, answers, strict=True):
+                        future.set_result(samples)
+
+    def _wait_for_quiet(self) -> None:
+        """A loop's requests reach the service over HTTP a few milliseconds apart: gather them until
+        none has arrived for GATHER_SECONDS (called holding ``cond``)."""
+        while (quiet := time.monotonic() - self.last_arrival) < GATHER_SECONDS:
+            self.cond.wait(GATHER_SECONDS - quiet)
 
     def _take(self) -> list[tuple[SampleRequest, object, Future]]:
         """The first waiting request and those after it on the same weights, up to MAX_SAMPLE_ROWS."""
@@ -520,16 +623,13 @@ class SamplingQueue:
         self.pending = rest
         return batch
 
-    def _run(self, batch: list[tuple[SampleRequest, object, Future]]) -> None:
-        engine = self.engine
-        try:
-            with engine.sampling_model(batch[0][1]) as model:
-                answers = sample_requests(model, engine.tokenizer, [r for r, _, _ in batch], engine.stop_ids)
-            self.passes += 1
-            return_freed_memory()  # the pass's KV cache
-        except Exception as error:  # noqa: BLE001 - each caller's operation reports it
-            for _, _, future in batch:
-                future.set_exception(error)
-        else:
-            for (_, _, future), samples in zip(batch, answers, strict=True):
-                future.set_result(samples)
+    def _run(self, model, batch: list[tuple[SampleRequest, object, Future]]) -> list[list]:
+        """One generation pass of ``batch`` on ``model``: each request's samples, in order."""
+        requests = [r for r, _, _ in batch]
+        rows = sum(r.num_samples for r in requests)
+        with phase("sample_pass", requests=len(requests), rows=rows), generation_passes(model):
+            with shared_prompt_prefill(model):
+                answers = sample_requests(model, self.engine.tokenizer, requests, self.engine.stop_ids)
+        self.passes += 1
+        return_freed_memory()  # the pass's KV cache
+        return answers

@@ -23,6 +23,7 @@ from local_mode.validation import ServiceError
 
 from . import chat
 from . import engine as engine_module
+from .profile import phase
 
 
 class SessionRecords(Protocol):
@@ -169,7 +170,8 @@ class LiveSession:
     def _execute(self, operation: Operation, run) -> None:
         operation.status = "InProgress"
         try:
-            result, usage = run(self, operation)
+            with phase(f"operation:{operation.kind}"):
+                result, usage = run(self, operation)
         except (engine_module.InputError, ServiceError) as error:
             self._finish(operation, "Failed", error=getattr(error, "message", str(error)))
         except Exception as error:  # noqa: BLE001 - reported on the operation, the session carries on
@@ -385,7 +387,7 @@ class Runtime:
         # Under the engine's lock: a sampling operation on saved weights swaps them into this model
         # while it samples, and a save then would write those instead of the weights being trained
         # (an overlapped RL loop saves while its next batch samples).
-        with live.engine.lock, tempfile.TemporaryDirectory() as tmp:
+        with live.engine.lock, tempfile.TemporaryDirectory() as tmp, phase("save_adapter"):
             live.engine.model.save_pretrained(tmp)  # a PEFT adapter folder: PeftModel.from_pretrained loads it
             if operation.config.get("mergeWeights"):
                 # hf_merged/: the merged model and its tokenizer as save_pretrained writes them, the folder
@@ -395,11 +397,14 @@ class Runtime:
             files = {str(p.relative_to(tmp)): p.read_bytes() for p in Path(tmp).rglob("*") if p.is_file()}
             if checkpoint:
                 files["optimizer.pt"] = live.engine.state_bytes(with_optimizer=True)
-        for name, data in files.items():
-            self.aws.s3.put_object(Bucket=bucket, Key=f"{key}/{name}", Body=data)
-        package = self.control_plane.register_package(
-            live, prefix + "/", checkpoint, operation.config.get("description", "")
-        )
+        with phase("save_s3", bytes=sum(len(data) for data in files.values())):
+            for name, data in files.items():
+                self.aws.s3.put_object(Bucket=bucket, Key=f"{key}/{name}", Body=data)
+            package = self.control_plane.register_package(
+                live, prefix + "/", checkpoint, operation.config.get("description", "")
+            )
+        if not checkpoint:  # a loop samples what it just saved: its tensors from these bytes, not read back
+            self._remember_adapter(package["ModelPackageArn"], files["adapter_model.safetensors"])
         return {"modelPackageArn": package["ModelPackageArn"]}
 
     def _ensure_bucket(self, bucket: str) -> None:
@@ -419,13 +424,18 @@ class Runtime:
                 f"Model package {package['ModelPackageArn']} has no {name} under {uri}: its artifacts were deleted.",
             ) from None
 
-    def _adapter_of(self, package: dict) -> dict:
+    def _remember_adapter(self, arn: str, data: bytes) -> None:
+        """The adapter a package holds, kept for its sampling operations: one package's at a time."""
         from safetensors.torch import load
 
+        with self.lock, phase("load_adapter", bytes=len(data)):
+            self._adapters = {arn: load(data)}
+
+    def _adapter_of(self, package: dict) -> dict:
         arn = package["ModelPackageArn"]
         with self.lock:
             if arn not in self._adapters:  # a loop samples the same saved weights many times
-                self._adapters = {arn: load(self._read(package, "adapter_model.safetensors"))}
+                self._remember_adapter(arn, self._read(package, "adapter_model.safetensors"))
             return self._adapters[arn]
 
     def _load_package(self, live: LiveSession, package: dict, with_optimizer: bool) -> None:

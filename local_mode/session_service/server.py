@@ -56,6 +56,7 @@ from local_mode.endpoints import HOSTING_OPERATIONS, runtime_route
 from local_mode.validation import ServiceError
 
 from . import FAKE_ACCESS_KEY, SECRET_VARIABLE
+from .profile import phase
 
 RUNTIME = "sagemakertrainingsessionruntime"
 CONTROL_PLANE_OPERATIONS = (
@@ -441,14 +442,15 @@ class RequestRouter:
                 if operation == "SampleTrainingSession":
                     parts = b"".join(parts)
                 return 200, {"Content-Type": content_type}, parts
-            shape = service_model(RUNTIME).operation_model(operation).input_shape
-            # Members bound to the URI are read from it only: a body cannot name another session.
-            in_uri = {n for n, m in shape.members.items() if m.serialization.get("location")}
-            request = {k: v for k, v in read_request(body).items() if k not in in_uri}
-            request.update({k: unquote(v) for k, v in match.groupdict().items()})
-            check_shape(request, shape)
-            response = getattr(self.runtime_api, RUNTIME_OPERATIONS[operation])(request)
-            return 200, {"Content-Type": "application/json"}, json.dumps(response).encode()
+            with phase(f"http:{operation}", bytes_in=len(body)):  # a result's long-poll wait included
+                shape = service_model(RUNTIME).operation_model(operation).input_shape
+                # Members bound to the URI are read from it only: a body cannot name another session.
+                in_uri = {n for n, m in shape.members.items() if m.serialization.get("location")}
+                request = {k: v for k, v in read_request(body).items() if k not in in_uri}
+                request.update({k: unquote(v) for k, v in match.groupdict().items()})
+                check_shape(request, shape)
+                response = getattr(self.runtime_api, RUNTIME_OPERATIONS[operation])(request)
+                return 200, {"Content-Type": "application/json"}, json.dumps(response).encode()
         except ServiceError as error:
             code = {"ResourceNotFound": "ResourceNotFoundException"}.get(error.code, error.code)
             status = {"ResourceNotFoundException": 404, "ConflictException": 409}.get(code, error.status)

@@ -176,3 +176,94 @@ def test_a_saved_adapter_is_merged_once_and_samples_as_its_lora_layers_do(sessio
     for a, b in zip(through_lora, merged, strict=True):
         torch.testing.assert_close(torch.tensor(b["logprobs"]), torch.tensor(a["logprobs"]), rtol=1e-4, atol=1e-4)
     assert tokens(session_engine.sample(PROMPT, 3, SEEDED)) == tokens(through_lora)  # its adapter is untouched
+
+
+def test_a_group_reads_its_prompt_once_and_samples_as_when_every_row_reads_it(session_engine):
+    """The service prefills each distinct prompt of a pass once (``shared_prompt_prefill``): the same
+    seeded samples, token for token, as ``sample_requests`` reading the prompt in every row."""
+    from common.generation import SampleRequest, sample_requests
+
+    # Two groups of different prompt lengths (one left-padded), one group twice, a greedy one.
+    requests = [
+        SampleRequest(PROMPT, 4, 24, seed=11),
+        SampleRequest([9, 10, 11, 12, 13, 14, 15], 3, 24, temperature=0.7, seed=2),
+        SampleRequest(PROMPT, 2, 24, seed=5),
+        SampleRequest([7, 7], 1, 24, temperature=0.0),
+    ]
+    model, tokenizer, stop_ids = session_engine.model, session_engine.tokenizer, session_engine.stop_ids
+    prompts_read = []  # the rows of the decoder's first call in a pass: its prefill
+    hook = (
+        model.get_base_model()
+        .get_decoder()
+        .register_forward_pre_hook(
+            lambda module, args, kwargs: prompts_read.append(kwargs["input_ids"].shape), with_kwargs=True
+        )
+    )
+    try:
+        with session_engine.lock:
+            every_row = sample_requests(model, tokenizer, requests, stop_ids)
+            unshared_prefill = prompts_read[0]
+            prompts_read.clear()
+            with engine_module.shared_prompt_prefill(model):
+                shared = sample_requests(model, tokenizer, requests, stop_ids)
+    finally:
+        hook.remove()
+    assert unshared_prefill[0] == 10 and prompts_read[0][0] == 3  # ten rows, three distinct prompts
+    assert prompts_read[1][1] == 1  # then one token a row, for every row
+    assert "forward" not in vars(model.get_base_model())  # the model's own forward is back
+    assert len({tuple(s.tokens) for s in shared[0]}) == 4  # one prompt read once, four different answers
+    for a_group, b_group in zip(every_row, shared, strict=True):
+        assert [s.tokens for s in b_group] == [s.tokens for s in a_group]
+        for a, b in zip(a_group, b_group, strict=True):
+            assert b.stop_reason == a.stop_reason
+            torch.testing.assert_close(torch.tensor(b.logprobs), torch.tensor(a.logprobs), rtol=0, atol=1e-5)
+
+
+def test_each_saved_adapter_is_merged_into_the_one_sampler_model_as_peft_merges_it(session_engine):
+    """A new saved sampler is written into the tensors of the previous one, not a new copy of the model,
+    and its weights are exactly those of peft's ``merge_and_unload`` on a copy with that adapter."""
+    import copy
+
+    from peft import get_peft_model_state_dict
+
+    engine = session_engine
+    first = {name: tensor.clone() for name, tensor in get_peft_model_state_dict(engine.model).items()}
+    second = {name: tensor * 1.5 for name, tensor in first.items()}  # another step's adapter
+    engine.sample(PROMPT, 1, SEEDED, first)
+    sampler = engine.merged_sampler[1]
+    before = engine.adapter_state()
+    engine.sample(PROMPT, 1, SEEDED, second)
+    assert engine.merged_sampler[1] is sampler  # the same model, its weights written again
+    reference = copy.deepcopy(engine.model)
+    engine_module._set_peft_state(reference, second)
+    expected = reference.merge_and_unload().state_dict()
+    merged = sampler.state_dict()
+    assert merged.keys() == expected.keys()
+    assert all(torch.equal(merged[name], expected[name]) for name in expected)
+    after = engine.adapter_state()  # the session's own adapter, put back after the merge
+    assert all(torch.equal(after[name], before[name]) for name in before)
+
+
+def test_requests_that_arrive_while_a_saved_adapter_merges_join_its_pass(session_engine, monkeypatch):
+    """A step's first request starts the merge of its new saved sampler; the others, arriving over HTTP
+    while it merges, join the same pass rather than wait for a second one."""
+    from peft import get_peft_model_state_dict
+
+    saved = {name: tensor * 0.5 for name, tensor in get_peft_model_state_dict(session_engine.model).items()}
+    merge = session_engine._merge_for_sampling
+    merging = threading.Event()
+
+    def slow_merge(adapter):
+        merging.set()
+        time.sleep(0.5)  # a real model's merge; the tiny one's is instant
+        return merge(adapter)
+
+    monkeypatch.setattr(session_engine, "_merge_for_sampling", slow_merge)
+    passes = session_engine.sampling.passes
+    with ThreadPoolExecutor(max_workers=3) as pool:
+        first = pool.submit(session_engine.sample, PROMPT, 2, SEEDED, saved)
+        assert merging.wait(30)
+        later = [pool.submit(session_engine.sample, [9, 10], 2, dict(SEEDED, seed=s), saved) for s in (1, 2)]
+        answers = [first.result(), *(future.result() for future in later)]
+    assert session_engine.sampling.passes - passes == 1
+    assert all(len(samples) == 2 for samples in answers)

@@ -244,3 +244,31 @@ def test_micro_batches_keep_the_order_and_bound_the_datums_and_padded_tokens_of_
         assert len(batch) == 1 or width * len(batch) <= engine.MICRO_BATCH_TOKENS
     assert [len(b) for b in batches if len(b[0][0]) == 5000] == [1]  # longer than the budget: alone
     assert max(len(b) for b in batches) == engine.MICRO_BATCH  # short datums still share a pass
+
+
+def test_passes_of_like_length_answer_each_datum_in_its_place(session_engine, one_thread, monkeypatch):
+    """forward_backward runs datums in passes sorted by length (little padding) and answers in the
+    order they were sent: each output is its own datum's, and the gradient is the sum of theirs."""
+    engine = session_engine
+    monkeypatch.setattr(engine_module, "MICRO_BATCH", 2)  # five datums, three passes
+    widths = []
+    real_logprobs = engine._logprobs
+    monkeypatch.setattr(
+        engine, "_logprobs", lambda rows, targets: widths.append(max(map(len, rows))) or real_logprobs(rows, targets)
+    )
+    datums = make_datums(engine, "cross_entropy", seed=4, lengths=(14, 3, 9, 15, 4))
+    engine.optimizer.zero_grad(set_to_none=True)
+    result, _ = engine.forward_backward("cross_entropy", datums, {}, backward=True)
+    got_grad = gradients(engine).clone()
+    engine.optimizer.zero_grad(set_to_none=True)
+    assert widths == [4, 14, 15]  # (3, 4), (9, 14), (15): by length, not (14, 3), (9, 15), (4)
+    logprobs = reference_logprobs(engine, datums)
+    per_datum = [formula("cross_entropy", lp, d["lossFnInputs"], 0, 0) for lp, d in zip(logprobs, datums, strict=True)]
+    torch.stack(per_datum).sum().backward()
+    want_grad = gradients(engine).clone()
+    engine.optimizer.zero_grad(set_to_none=True)
+    for output, lp, value in zip(result["lossFnOutputs"], logprobs, per_datum, strict=True):
+        assert len(output["logprobs"]["data"]) == lp.numel()
+        assert torch.allclose(torch.tensor(output["logprobs"]["data"]), lp.detach(), rtol=RELATIVE, atol=1e-6)
+        assert abs(output["loss"]["data"][0] - value.item()) <= RELATIVE * abs(value.item()) + 1e-6
+    assert relative(got_grad, want_grad) < RELATIVE
