@@ -20,6 +20,7 @@ it is created, and one OpenAI-compatible address for sessions and endpoints.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import secrets
 import threading
@@ -270,3 +271,134 @@ def _handler(gateway: OpenAIGateway):
             self.wfile.write(data)
 
     return Handler
+
+
+# --------------------------------------------------------------------------- the notebook's small steps
+
+
+def trained_session(work_dir: str, notebook: str = "08_training_session_grpo") -> str:
+    """The training session ``notebook`` recorded in ``<work_dir>/training_sessions.json``."""
+    from pathlib import Path
+
+    path = Path(work_dir) / "training_sessions.json"
+    entries = json.loads(path.read_text()) if path.exists() else []
+    for entry in entries:
+        if entry["notebook"] == notebook:
+            return entry["session"]
+    raise LookupError(f"{path} records no session of notebook {notebook}: run it first with this work_dir.")
+
+
+def base_model_id(sagemaker_client, package: dict) -> str:
+    """The Hugging Face id of the base model a package's weights were trained on (its hub content)."""
+    base = package["InferenceSpecification"]["Containers"][0]["BaseModel"]
+    document = sagemaker_client.describe_hub_content(
+        HubName="SageMakerPublicHub", HubContentType="Model", HubContentName=base["HubContentName"]
+    )["HubContentDocument"]
+    return json.loads(document)["HuggingfaceId"]
+
+
+def streamed_deltas(body):
+    """The text deltas of a chat-completions stream (``data: {...}`` lines, then ``data: [DONE]``), as
+    they arrive: ``body`` is SampleTrainingSessionWithResponseStream's body."""
+    pending = b""
+    for part in iter(lambda: body.read(256), b""):
+        pending += part
+        *lines, pending = pending.split(b"\n")
+        for line in lines:
+            if line.startswith(b"data: ") and line.strip() != b"data: [DONE]":
+                event = json.loads(line[len(b"data: ") :])
+                if "error" in event:
+                    raise RuntimeError(f"The stream ended with an error: {event['error']}")
+                for choice in event["choices"]:
+                    if choice["delta"].get("content"):
+                        yield choice["delta"]["content"]
+
+
+def adapter_config(s3_client, package: dict) -> dict:
+    """The package's ``adapter_config.json``: what an inference server reads before it loads the adapter."""
+    uri = package["InferenceSpecification"]["Containers"][0]["ModelDataSource"]["S3DataSource"]["S3Uri"]
+    bucket, _, key = uri.removeprefix("s3://").partition("/")
+    return json.loads(s3_client.get_object(Bucket=bucket, Key=key.rstrip("/") + "/adapter_config.json")["Body"].read())
+
+
+def greedy_agreement(
+    endpoint_runtime, endpoint_name: str, session_runtime, session_name: str, conversations, max_tokens, stop
+) -> list[bool]:
+    """For each conversation, whether the endpoint's greedy answer is the session's (temperature 0, the
+    same body to both). Compared without surrounding whitespace, which some servers trim from a whole
+    answer (transformers serve's response parser does)."""
+    same = []
+    for messages in conversations:
+        body = json.dumps(
+            {"messages": messages, "max_tokens": max_tokens, "temperature": 0, **({"stop": stop} if stop else {})}
+        ).encode()
+        served = endpoint_runtime.invoke_endpoint(EndpointName=endpoint_name, ContentType="application/json", Body=body)
+        session = session_runtime.sample_training_session(
+            trainingSessionName=session_name, contentType="application/json", body=body
+        )
+        texts = [json.loads(r.read())["choices"][0]["message"]["content"] for r in (served["Body"], session["body"])]
+        same.append(texts[0].strip() == texts[1].strip())
+    return same
+
+
+def accuracy(env, problems: list[dict], answers: list[str]) -> tuple[float, float]:
+    """Accuracy by the environment's checker, and its standard error over problems."""
+    from common.stats import mean_and_standard_error
+
+    return mean_and_standard_error([float(s["correct"]) for s in env.score(problems, answers)])
+
+
+@dataclass
+class Judge:
+    model: str
+    base_url: str
+    api_key: str = dataclasses.field(repr=False)
+    choice_token_ids: dict[str, int] | None
+    close: object = dataclasses.field(repr=False, default=lambda: None)
+
+
+def open_judge(run_mode: str, judge_model: str | None, choice_token_ids: dict | None, log_dir: str) -> Judge:
+    """Notebook 13's judge: on SageMaker, ``judge_model`` at your provider (``OPENAI_BASE_URL``,
+    ``OPENAI_API_KEY``); in local mode, ``transformers serve`` on the project's plain tiny model, a model
+    that is neither of the two it compares, answering with one token by ``logit_bias``."""
+    import os
+    from pathlib import Path
+
+    if run_mode == "local":
+        import subprocess
+
+        import local_mode
+        from helpers.teacher_judge import choice_token_ids as token_ids
+        from local_mode import llm_server
+        from local_mode.os_utils import stop_process_group
+        from local_mode.tiny_model import tiny_model_dir
+
+        # transformers serve of the main environment (this kernel's lacks accelerate, which it loads with)
+        log = open(Path(log_dir) / "judge-server.log", "w")  # noqa: SIM115 - the server's, closed with it
+        process = subprocess.Popen(
+            [local_mode.environment_python(), "-m", "local_mode.llm_server", str(tiny_model_dir())],
+            stdout=subprocess.PIPE,
+            stderr=log,
+            text=True,
+            start_new_session=True,
+        )
+        line = process.stdout.readline()  # "OPENAI_BASE_URL=<url>  model=<folder>  ..." once it answers
+        if not line.startswith("OPENAI_BASE_URL="):
+            stop_process_group(process.pid, 5)
+            raise RuntimeError(f"The local judge's server did not start; its log: {log.name}")
+        base_url, model = line.split()[0].partition("=")[2], line.split()[1].partition("=")[2]
+
+        def close():
+            stop_process_group(process.pid, 15)
+            process.wait()
+            log.close()
+
+        ids = choice_token_ids or token_ids(tiny_model_dir())
+        return Judge(model, base_url, llm_server.LOCAL_API_KEY, ids, close)
+    missing = [name for name in ("OPENAI_BASE_URL", "OPENAI_API_KEY") if not os.environ.get(name)]
+    if missing or not judge_model:
+        raise RuntimeError(
+            f"Set {' and '.join(missing) or 'the variables'} in this kernel's environment and give judge_model "
+            "(a name your provider lists at GET /v1/models), as for notebook 13."
+        )
+    return Judge(judge_model, os.environ["OPENAI_BASE_URL"], os.environ["OPENAI_API_KEY"], choice_token_ids)
