@@ -402,7 +402,7 @@ def environment_metrics(env: Environment, learners: distributed.Learners, logged
     return line
 
 
-def step_metrics(
+def step_log_line(
     args: GRPOArgs,
     env: Environment,
     learners: distributed.Learners,
@@ -506,7 +506,7 @@ def train(args: GRPOArgs, env: Environment, learners: distributed.Learners) -> b
 
         # ---- 6. metrics, over all learners
         lr = scheduler.get_last_lr()[0]
-        line, sequence_tokens = step_metrics(
+        line, sequence_tokens = step_log_line(
             args, env, learners, scores, rewards, attention_mask, mask, update, times, lr
         )
         logger.add_tokens(sequence_tokens)
