@@ -340,7 +340,6 @@ def prepare_environment(out: Path) -> dict:
         "TRANSFORMERS_OFFLINE": "1",
         "TOKENIZERS_PARALLELISM": "false",
         "SAGEMAKER_SUPPRESS_V2_WARNING": "1",
-        "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
         "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")]),
     }
     os.environ.update(env)

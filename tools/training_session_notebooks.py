@@ -15,8 +15,9 @@ from helpers.training_sessions.records import held_out_lines
 
 RECORDS_FILE = "training_sessions.json"
 SDK_V3_KERNEL = "sagemaker-sdk-v3"  # the kernel of .venv-sessions, which the Makefile registers
-# The training-session notebooks: each trains through a session and launches no training job.
-NOTEBOOKS = ("07", "08", "09", "10", "12")
+# The training-session notebooks: each drives a session (14 also an endpoint) and launches no training
+# job. They run in this order: 14 serves the model 08 trained.
+NOTEBOOKS = ("07", "08", "09", "10", "12", "14", "15")
 
 # Local mode, the tiny model, a few steps (the notebooks default to the cloud).
 CI_PARAMETERS = {
@@ -70,6 +71,21 @@ CI_PARAMETERS = {
         "max_prompt_length": 64,
         "max_length": 128,
         "held_out_pairs": 32,
+    },
+    "14": {"task": "count", "held_out_problems": 16, "max_tokens": 20, "stop": ["\n"], "judge_max_tokens": 24},
+    "15": {
+        "base_model": "local/tiny-qwen2-gsm8k-format",
+        "lora_rank": 16,
+        "lora_alpha": 32,
+        "steps": 16,
+        "problems_per_step": 16,
+        "group_size": 8,
+        "max_turns": 3,
+        "context": 1024,
+        "learning_rate": 1e-3,
+        "format_reward_weight": 0.5,
+        "held_out_problems": 32,
+        "held_out_samples": 16,
     },
 }
 

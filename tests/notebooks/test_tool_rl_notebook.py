@@ -16,26 +16,12 @@ from pathlib import Path
 import pytest
 from common import stats
 
-from tools import run_notebooks
+from tools import run_notebooks, training_session_notebooks
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
 REPO = Path(__file__).resolve().parents[2]
 NOTEBOOK = REPO / "notebooks" / "15_training_session_tool_rl.ipynb"
-# Local mode, the tiny model tuned to answer '#### n', a few minutes of steps (the notebook defaults to the cloud).
-CI_PARAMETERS = {
-    "base_model": "local/tiny-qwen2-gsm8k-format",
-    "lora_rank": 16,
-    "lora_alpha": 32,
-    "steps": 16,
-    "problems_per_step": 16,
-    "group_size": 8,
-    "max_turns": 3,
-    "context": 1024,
-    "learning_rate": 1e-3,
-    "format_reward_weight": 0.5,
-    "held_out_problems": 32,
-    "held_out_samples": 16,
-}
+CI_PARAMETERS = training_session_notebooks.CI_PARAMETERS["15"]
 
 
 @pytest.fixture(scope="module")
