@@ -1,6 +1,10 @@
-"""On-policy distillation's maths on the session engine: the advantage is the per-token reverse KL's
-negative, a teacher identical to the student gives no gradient, the teacher's log-probs come from the
-teacher's weights, and a teacher with another tokenizer is refused before any step."""
+"""On-policy distillation's maths, on the session engine and then through the real SDK and the local
+endpoint with notebook 16's pieces (``distillation_scenarios.py``): the advantage is the per-token reverse
+KL's negative, a teacher identical to the student gives no gradient, the teacher's log-probs come from the
+teacher's weights (its checkpoint's, by model package), and a teacher with another tokenizer is refused
+before any step."""
+
+from pathlib import Path
 
 import pytest
 import torch
@@ -102,3 +106,94 @@ def test_a_teacher_with_another_tokenizer_is_refused_before_any_step(tiny_model_
     other.add_tokens(["<teacher-only>"])
     with pytest.raises(UserError, match="not the student's.*1 tokens map to other ids.*'<teacher-only>'"):
         check_same_tokenizer(student_tokenizer, other)
+
+
+# --------------------------------------------------------------------------- through the SDK and the local endpoint
+
+SCENARIOS = Path(__file__).with_name("distillation_scenarios.py")
+
+
+def test_through_the_service_the_teachers_logprobs_are_its_checkpoints_and_the_advantage_is_their_difference(sdk):
+    step = sdk("teacher_scores_with_its_weights", script=SCENARIOS)
+    n_tokens = sum(map(len, step["tokens"]))
+    for student, teacher, own, base, advantages in zip(
+        step["student_logprobs"],
+        step["teacher_logprobs"],
+        step["teacher_session_logprobs"],
+        step["base_logprobs"],
+        step["advantages"],
+        strict=True,
+    ):
+        assert len(teacher) == len(student) == len(advantages)  # exactly the tokens the student sampled
+        assert teacher == pytest.approx(own, abs=1e-4)  # what the teacher's own session says of them
+        assert student == pytest.approx(base, abs=1e-4)  # a fresh adapter: the student is still the base model
+        assert advantages == pytest.approx(
+            [-(s - t) / n_tokens for s, t in zip(student, teacher, strict=True)], abs=1e-7
+        )
+    differences = [
+        abs(t - b)
+        for ts, bs in zip(step["teacher_logprobs"], step["base_logprobs"], strict=True)
+        for t, b in zip(ts, bs, strict=True)
+    ]
+    assert max(differences) > 0.05  # the teacher's weights, not the student's
+    assert step["grad_norm"] > 0.0
+
+
+def test_through_the_service_a_teacher_identical_to_the_student_gives_no_gradient(sdk):
+    runs = sdk("identical_and_other_teacher", script=SCENARIOS)
+    same, other = runs["same"], runs["other"]
+    assert same["tokens"] == other["tokens"]  # the same weights and seeds sampled the same answers
+    assert max(abs(a) for answer in same["advantages"] for a in answer) < 1e-6
+    assert abs(same["reverse_kl"]) < 1e-5 < abs(other["reverse_kl"])
+    assert other["grad_norm"] > 1e-3 and same["grad_norm"] < 1e-3 * other["grad_norm"], (same, other)
+
+
+def test_through_the_service_a_teacher_of_another_tokenizer_is_refused_before_any_step(
+    sdk, endpoint, tiny_model_path, tmp_path
+):
+    import shutil
+
+    from local_mode import session_service
+
+    folder = tmp_path / "tiny-other-tokenizer"
+    shutil.copytree(tiny_model_path, folder)
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    tokenizer.add_tokens(["<teacher-only>"])
+    tokenizer.save_pretrained(folder)
+    session_service.register_base_model("local/tiny-other-tokenizer", folder, root=endpoint.root)
+    refused = sdk("other_tokenizer", script=SCENARIOS, base_model="local/tiny-other-tokenizer")
+    assert refused["error"] and "The teacher's tokenizer is not the student's" in refused["error"]
+    assert "'<teacher-only>'" in refused["error"] and "same base model" in refused["error"]
+    assert not refused["billable"].get("TrainingTokenCount") and not refused["billable"].get("SampleTokenCount")
+
+
+def curve_point(step, seconds, per_problem, answers=("1", "2", "3", "1")):
+    from common import stats
+
+    accuracy, standard_error = stats.mean_and_standard_error(per_problem)
+    return {
+        "step": step,
+        "seconds": seconds,
+        "accuracy": accuracy,
+        "standard_error": standard_error,
+        "per_problem": per_problem,
+        "answer_diversity": stats.answer_diversity(list(answers)),
+    }
+
+
+def test_the_comparison_finds_the_first_measure_at_the_target_and_says_when_the_start_is_within_its_noise():
+    from helpers.training_sessions.distillation import comparison_lines, first_reaching
+
+    start = curve_point(0, 0.0, [1, 0, 0, 0, 1, 0, 0, 0])
+    distilled = [start, curve_point(4, 20.0, [1, 1, 0, 0, 1, 0, 1, 0]), curve_point(8, 40.0, [1, 1, 1, 0, 1, 1, 1, 0])]
+    rl = [start, curve_point(4, 10.0, [1, 0, 0, 0, 1, 0, 0, 0]), curve_point(8, 20.0, [1, 1, 0, 0, 1, 0, 0, 0])]
+    teacher = curve_point(None, None, [1, 1, 1, 1, 1, 1, 1, 0])
+    target = 0.9 * teacher["accuracy"]  # 0.7875
+    assert first_reaching(distilled, 0.5)["step"] == 4 and first_reaching(rl, target) is None
+    lines = comparison_lines({"distillation": distilled, "GRPO": rl}, target, teacher)
+    assert lines[0].startswith("target 0.787: +3.3 standard errors of the start (0.250 ± 0.164)")
+    assert "within the start's noise" not in lines[0]
+    assert "GRPO: did not reach it in 8 steps (best 0.375" in "\n".join(lines)
+    assert "distillation - GRPO after step 8: +0.375 ± 0.183 (paired)" in lines[-1]
+    near = comparison_lines({"distillation": distilled}, 0.3, teacher)
+    assert "within the start's noise" in near[0] and "reached it at step 4, after 20 s" in near[1]
