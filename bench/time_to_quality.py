@@ -25,10 +25,15 @@ advantage (group mean, divided by the group's std) and token-mean loss, one torc
                 from ``.venv-sessions`` by ``bench/time_to_quality_session_client.py``: the GRPO step written
                 there with ``helpers.training_sessions``' functions (sample, score, datums, AdamW);
   trl_lora      TRL's ``GRPOTrainer`` with a peft ``LoraConfig``.
-The three LoRA sides share rank, alpha, target modules and learning rate (``learning_rate_lora``). The
-service's smallest ``max_tokens`` is 512: its samples are cut to ``max_new_tokens`` tokens before they
-are scored and trained on, which is the distribution a sampler capped there draws (each token depends
-only on those before it); the extra tokens it generated are its real cost, counted in its time.
+The three LoRA sides share rank, alpha, target modules and learning rate (``learning_rate_lora``).
+How answers end: grpo.py's and TRL's at the end of turn or after ``max_new_tokens`` (24); the session's
+as notebook 8's do, at the end of turn or their first line (``session_stop``: the service's smallest
+``max_tokens`` is 512, the API's floor), then cut to ``max_new_tokens`` before they are scored and
+trained on, which is the distribution a sampler capped there draws (each token depends only on those
+before it). The tokens it generated past the cut are its real cost, counted in its time. Each run
+prints the answers' mean length and the share that ran to the cap, so the sides' lengths can be compared;
+the session's step is also profiled (``step_profile``: the client's calls and the service's phases,
+``local_mode/session_service/profile.py``).
 
 Each run is a fresh process. The table goes to stdout and ``outputs/bench/time_to_quality.md`` (rows
 and every run's curve also as ``.json``).
@@ -79,7 +84,13 @@ PROFILES = {
         held_out=32,
         target=0.40,
         max_steps=32,
-        session_stop=None,
+        # The session's answers end as notebook 08's do, at their first line (the API's smallest
+        # max_tokens is 512), and are cut to max_new_tokens as the other sides' are capped there.
+        session_stop=["\n"],
+        # Its greedy evaluation has no stop: the other sides' 20-token answers run over lines, and the
+        # checker reads the last number when there is no '#### n', so an answer cut at a line scores
+        # differently. Evaluations are off the clock.
+        session_eval_stop=None,
     ),
     "tiny": dict(
         prompts_per_step=2,
@@ -100,6 +111,7 @@ PROFILES = {
         # The tiny model seldom ends an answer, and the service's samples are 512 tokens at the least:
         # the service stops at the first space, newline or digit instead, so a test runs this side in seconds.
         session_stop=[" ", "\n", *"0123456789"],
+        session_eval_stop=[" ", "\n", *"0123456789"],
     ),
 }
 N_TRAIN, N_TEST = 64, 32  # the real-model profile's data (notebook 00: n_train 64, n_test 32)
@@ -230,6 +242,7 @@ def run_grpo_script(profile: dict, model: Path, seed: int, max_steps: int, lora:
     )
     os.environ.pop("SM_HPS", None)
     policy = {}
+    answer_lengths = []  # every training answer's length in tokens
     original_generator = generation.HFGenerator
     clock = Clock(
         profile["target"],
@@ -250,7 +263,9 @@ def run_grpo_script(profile: dict, model: Path, seed: int, max_steps: int, lora:
             if clock.mark is None:
                 clock.evaluate_now(0)
                 clock.start()
-            return generate(*call_args, **call_kwargs)
+            completions, texts = generate(*call_args, **call_kwargs)
+            answer_lengths.extend(len(c) for c in completions)
+            return completions, texts
 
         generator.generate = first_call_starts_the_clock
         return generator
@@ -325,7 +340,7 @@ def run_grpo_script(profile: dict, model: Path, seed: int, max_steps: int, lora:
         sys.stdout = lines.stream
         script_models.prepare_for_training = original_prepare
         generation.HFGenerator = original_generator
-    return {"clock": clock, "completion_length": lines.last.get("completion_length")}
+    return {"clock": clock, "completion_length": lines.last.get("completion_length"), "answer_lengths": answer_lengths}
 
 
 def run_trl(profile: dict, model: Path, seed: int, max_steps: int, work: Path) -> dict:
@@ -380,7 +395,7 @@ def run_trl(profile: dict, model: Path, seed: int, max_steps: int, work: Path) -
             trainer_box["trainer"].model, tokenizer, env, held_out, profile["eval_max_new_tokens"]
         ),
     )
-    lengths = []
+    lengths, length_logs = [], []  # TRL logs a step's mean, min, max and share cut at the cap, not each answer
 
     class Stops(TrainerCallback):
         def on_train_begin(self, args, state, control, **kwargs):
@@ -390,6 +405,7 @@ def run_trl(profile: dict, model: Path, seed: int, max_steps: int, work: Path) -
         def on_log(self, args, state, control, logs=None, **kwargs):
             if logs and "completions/mean_length" in logs:
                 lengths.append(logs["completions/mean_length"])
+                length_logs.append({k: v for k, v in logs.items() if k.startswith("completions/")})
 
         def on_step_end(self, args, state, control, **kwargs):
             if clock.step_end(state.global_step):
@@ -406,10 +422,10 @@ def run_trl(profile: dict, model: Path, seed: int, max_steps: int, work: Path) -
     )
     trainer_box["trainer"] = trainer
     trainer.train()
-    return {"clock": clock, "completion_length": lengths[-1] if lengths else None}
+    return {"clock": clock, "completion_length": lengths[-1] if lengths else None, "length_logs": length_logs}
 
 
-def run_session(profile: dict, model: Path, seed: int, max_steps: int, work: Path) -> dict:
+def run_session(profile: dict, model: Path, seed: int, max_steps: int, work: Path, evaluations: bool = True) -> dict:
     """The local training-session service (a process of this environment), driven through the SDK v3
     by ``time_to_quality_session_client.py`` in ``.venv-sessions``; the client keeps the clock."""
     from local_mode import session_service
@@ -418,6 +434,8 @@ def run_session(profile: dict, model: Path, seed: int, max_steps: int, work: Pat
         raise SystemExit("The SDK v3 environment is missing: make .venv-sessions/.stamp")
     _, train, held_out = problems(profile)
     os.environ.setdefault("SAGEMAKER_LOCAL_SESSION_THREADS", "1")  # one torch thread, as every side
+    profile_log = work / "service-profile.jsonl"  # the service's phases (local_mode/session_service/profile.py)
+    os.environ["SAGEMAKER_LOCAL_SESSION_PROFILE_LOG"] = str(profile_log)
     root = work / "sessions"
     endpoint = session_service.start_service(root)
     try:
@@ -430,6 +448,7 @@ def run_session(profile: dict, model: Path, seed: int, max_steps: int, work: Pat
             "max_steps": max_steps,
             "train": train,
             "held_out": held_out,
+            "session_evaluations": evaluations,
         }
         config_file = work / "session-config.json"
         config_file.write_text(json.dumps(config))
@@ -450,7 +469,56 @@ def run_session(profile: dict, model: Path, seed: int, max_steps: int, work: Pat
         result["service_peak_rss_mib"] = service_peak_rss_mib(endpoint.pid)
     finally:
         session_service.stop_service(root)
+    phases = [json.loads(line) for line in profile_log.read_text().splitlines()] if profile_log.exists() else []
+    result["step_profile"] = step_profile(result["step_profile"], phases, profile["max_new_tokens"])
     return result
+
+
+def step_profile(client_steps: list[dict], phases: list[dict], cap: int) -> dict:
+    """Mean seconds a training step spends in each phase: the client's calls (what a loop waits on) and
+    the service's phases that ended within the step (evaluations between steps left out). A phase that
+    runs on several threads at once (a step's sample requests) sums above its wall time."""
+    steps = len(client_steps) or 1
+    client = (
+        {key: sum(step[key] for step in client_steps) / steps for key in client_steps[0] if key not in ("step", "wall")}
+        if client_steps
+        else {}
+    )
+    service: dict[str, dict] = {}
+    for entry in phases:
+        if not any(start <= entry["end"] <= end for start, end in (step["wall"] for step in client_steps)):
+            continue
+        total = service.setdefault(entry["phase"], {"seconds": 0.0, "calls": 0, "tokens": 0})
+        total["seconds"] += entry["seconds"] / steps
+        total["calls"] += entry.get("calls", 1) / steps
+        total["tokens"] += entry.get("tokens", 0) / steps
+        if entry.get("per_call") is not None:  # decode call k draws token k + 2 (the prefill draws the first)
+            past = service.setdefault(f"decode past token {cap}", {"seconds": 0.0, "calls": 0, "tokens": 0})
+            past["seconds"] += sum(entry["per_call"][cap - 1 :]) / steps
+            past["calls"] += len(entry["per_call"][cap - 1 :]) / steps
+    return {"steps": len(client_steps), "client": client, "service": service}
+
+
+def profile_table(profile: dict) -> str:
+    """The step profile as a markdown table: seconds per step, and the share of the client's step."""
+    total = profile["client"].get("total") or 1.0
+    lines = [
+        f"Mean over {profile['steps']} step(s); seconds per step.",
+        "",
+        "| where | phase | s/step | share of the step | calls/step | tokens/step |",
+        "|---|---|---|---|---|---|",
+    ]
+    for key, seconds in profile["client"].items():
+        if key.endswith("tokens") or key == "datums":
+            lines.append(f"| client | {key} | | | | {seconds:.0f} |")
+        else:
+            lines.append(f"| client | {key} | {seconds:.2f} | {seconds / total:.0%} | | |")
+    for name, value in sorted(profile["service"].items(), key=lambda item: -item[1]["seconds"]):
+        tokens = f"{value['tokens']:.0f}" if value["tokens"] else ""
+        lines.append(
+            f"| service | {name} | {value['seconds']:.2f} | {value['seconds'] / total:.0%} | {value['calls']:.1f} | {tokens} |"
+        )
+    return "\n".join(lines) + "\n"
 
 
 def service_peak_rss_mib(pid: int) -> float | None:
@@ -464,7 +532,7 @@ def service_peak_rss_mib(pid: int) -> float | None:
     return None
 
 
-def worker(side: str, model: str, seed: int, max_steps: int) -> dict:
+def worker(side: str, model: str, seed: int, max_steps: int, session_evaluations: bool = True) -> dict:
     """One run of one side in this process."""
     thread_setup()
     import torch
@@ -475,7 +543,7 @@ def worker(side: str, model: str, seed: int, max_steps: int) -> dict:
     with tempfile.TemporaryDirectory(prefix=f"ttq-{side}-") as work:
         work = Path(work)
         if side == "session_lora":
-            result = run_session(profile, path, seed, max_steps, work)
+            result = run_session(profile, path, seed, max_steps, work, session_evaluations)
             result["peak_rss_mib"] = result.pop("service_peak_rss_mib")
             return result
         if side == "trl_lora":
@@ -489,6 +557,8 @@ def worker(side: str, model: str, seed: int, max_steps: int) -> dict:
         "trained_seconds": clock.trained,
         "eval_seconds": clock.eval_seconds,
         "completion_length": outcome["completion_length"],
+        "answer_lengths": outcome.get("answer_lengths"),
+        "length_logs": outcome.get("length_logs"),
         "peak_rss_mib": peak_rss_mib(),
     }
 
@@ -500,8 +570,11 @@ def parse_result(stdout: str) -> dict | None:
     return json.loads(rest.splitlines()[0]) if marker else None
 
 
-def run_in_subprocess(side: str, model: str, seed: int, max_steps: int, timeout: float) -> dict:
+def run_in_subprocess(
+    side: str, model: str, seed: int, max_steps: int, timeout: float, session_evaluations: bool = True
+) -> dict:
     command = [sys.executable, "-m", "bench.time_to_quality", "--worker", side, model, str(seed), str(max_steps)]
+    command += [] if session_evaluations else ["--no-session-evaluations"]
     env = dict(
         os.environ,
         HF_HUB_OFFLINE="1",
@@ -533,6 +606,23 @@ def spread(values: list[float]) -> str:
     return f", spread {min(values):.0f}-{max(values):.0f} s (sd {statistics.stdev(values):.0f})"
 
 
+def answer_lengths(runs: list[dict], cap: int) -> str:
+    """How long the answers a side trained on were: mean tokens and the share that ran to the cap
+    (the rest ended earlier: end of turn, or for the session its first line). grpo.py's and the session's
+    from every answer; TRL's from its logged step means and ``clipped_ratio``."""
+    every = [n for run in runs for n in run.get("answer_lengths") or []]
+    if every:
+        at_cap = sum(n >= cap for n in every) / len(every)
+        return f"answers {statistics.mean(every):.1f} tokens, {at_cap:.0%} at the {cap}-token cap (n={len(every)})"
+    logs = [log for run in runs for log in run.get("length_logs") or []]
+    if logs:
+        mean = statistics.mean(log["completions/mean_length"] for log in logs)
+        clipped = [log["completions/clipped_ratio"] for log in logs if "completions/clipped_ratio" in log]
+        share = f", {statistics.mean(clipped):.0%} at the {cap}-token cap" if clipped else ""
+        return f"answers {mean:.1f} tokens{share} ({len(logs)} step means)"
+    return ""
+
+
 def side_row(side: str, model: str, runs: list[dict], profile: dict, baseline: dict | None) -> Row:
     """One side's runs: the median wall time to target over the seeds that reached it (ours), TRL's (baseline)."""
     n = profile["held_out"]
@@ -549,6 +639,8 @@ def side_row(side: str, model: str, runs: list[dict], profile: dict, baseline: d
     lengths = [run["completion_length"] for run in runs if run.get("completion_length") is not None]
     if lengths:
         notes.append(f"completion {statistics.median(lengths):.1f} tokens")
+    if described := answer_lengths(runs, profile["max_new_tokens"]):
+        notes.append(described)
     base_seconds = None
     if baseline is not None and baseline is not runs:
         reached_base = [run["reached_at"]["seconds"] for run in baseline if run["reached_at"]]
@@ -579,6 +671,7 @@ def measure(
     concurrent: bool = False,
     first_seed: int = 0,
     timeout: float = 7200,
+    session_evaluations: bool = True,
     log=lambda text: print(text, flush=True),  # each side's line as it finishes, also into a redirected log
 ) -> list[Row]:
     """Every side once per seed, sides alternating within a seed so a change of load hits each.
@@ -594,7 +687,10 @@ def measure(
     for seed in range(first_seed, first_seed + seeds):
         order = sides if seed % 2 == 0 else list(reversed(sides))
         with ThreadPoolExecutor(max_workers=len(order) if concurrent else 1) as pool:
-            futures = {side: pool.submit(run_in_subprocess, side, model, seed, cap, timeout) for side in order}
+            futures = {
+                side: pool.submit(run_in_subprocess, side, model, seed, cap, timeout, session_evaluations)
+                for side in order
+            }
             for side in order:
                 result = {**futures[side].result(), "seed": seed}
                 runs[side].append(result)
@@ -607,8 +703,11 @@ def measure(
                         else "not reached"
                     )
                     + f"; curve {[(p['step'], p['accuracy']) for p in result['curve']]}; "
-                    f"peak RSS {result['peak_rss_mib'] or 0:.0f} MiB"
+                    f"peak RSS {result['peak_rss_mib'] or 0:.0f} MiB; "
+                    f"{answer_lengths([result], profile['max_new_tokens'])}"
                 )
+                if result.get("step_profile"):  # the session's: where its step's time went
+                    log(profile_table(result["step_profile"]))
     baseline = runs.get(BASELINE)
     return [side_row(side, model, runs[side], profile, baseline) for side in sides]
 
@@ -625,15 +724,29 @@ def main(argv: list[str] | None = None) -> list[Row] | None:
     parser.add_argument(
         "--concurrent", action="store_true", help="run a seed's sides at once: checks the code, times not comparable"
     )
+    parser.add_argument(
+        "--no-session-evaluations",
+        action="store_true",
+        help="the session's steps only, for its step profile: its evaluations (no stop, 512 tokens) take minutes",
+    )
     parser.add_argument("--out", default=str(BENCH_OUTPUT / "time_to_quality.md"))
     parser.add_argument("--worker", nargs=4, metavar=("SIDE", "MODEL", "SEED", "STEPS"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.worker:
         side, model, seed, steps = args.worker
-        print("\n" + RESULT_MARK + json.dumps(worker(side, model, int(seed), int(steps))), flush=True)
+        result = worker(side, model, int(seed), int(steps), not args.no_session_evaluations)
+        print("\n" + RESULT_MARK + json.dumps(result), flush=True)
         return None
     load_before = Path("/proc/loadavg").read_text().split()[:3] if Path("/proc/loadavg").exists() else []
-    rows = measure(args.sides, args.model, args.seeds, args.max_steps, args.concurrent, args.first_seed)
+    rows = measure(
+        args.sides,
+        args.model,
+        args.seeds,
+        args.max_steps,
+        args.concurrent,
+        args.first_seed,
+        session_evaluations=not args.no_session_evaluations,
+    )
     load_after = Path("/proc/loadavg").read_text().split()[:3] if Path("/proc/loadavg").exists() else []
     profile = PROFILES[args.model]
     text = (
@@ -645,6 +758,12 @@ def main(argv: list[str] | None = None) -> list[Row] | None:
         f"{args.max_steps or profile['max_steps']} steps; {args.seeds} seed(s) from seed {args.first_seed}"
         f"{' (sides run at once: times not comparable)' if args.concurrent else ''}. ratio = side / TRL.\n\n"
         + format_table(rows, "Time to target")
+        + "".join(
+            f"\n## The session's step, seed {run['seed']}\n\n{profile_table(run['step_profile'])}"
+            for row in rows
+            for run in row.extra["runs"]
+            if run.get("step_profile")
+        )
     )
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -28,8 +28,10 @@ from helpers.training_sessions import grpo as session_grpo
 
 def cut(tokenizer, groups: list[dict], max_tokens: int) -> list[dict]:
     """Each sample's first ``max_tokens`` tokens (and their logprobs), decoded again: what a sampler
-    capped at ``max_tokens`` draws, since every token depends only on those before it."""
+    capped at ``max_tokens`` draws, since every token depends only on those before it. Each group
+    also keeps how many tokens the service generated (``generated``), the cut ones included."""
     for group in groups:
+        group["generated"] = sum(len(sample.tokens) for sample in group["samples"])
         group["samples"] = [
             sample.model_copy(
                 update={"tokens": sample.tokens[:max_tokens], "logprobs": (sample.logprobs or [])[:max_tokens]}
@@ -59,6 +61,7 @@ def main(config: dict) -> dict:
     group_size, max_tokens = config["num_generations"], config["max_new_tokens"]
     adam = connect.adam_params(config["learning_rate_lora"])
     curve, reached, trained, eval_seconds, lengths = [], None, 0.0, 0.0, []
+    answer_lengths, step_profile = [], []  # every trained answer's length; each step's phases, as the client sees them
 
     with contextlib.ExitStack() as stop:
         training_client = connect.open_session(
@@ -69,6 +72,8 @@ def main(config: dict) -> dict:
 
         def evaluate(step: int) -> None:
             nonlocal reached, eval_seconds
+            if not config["session_evaluations"]:  # a run for the step profile only
+                return
             started = time.perf_counter()
             accuracy = held_out_accuracy(
                 training_client,
@@ -76,7 +81,7 @@ def main(config: dict) -> dict:
                 env,
                 config["held_out"],
                 config["eval_max_new_tokens"],
-                config["session_stop"],
+                config["session_eval_stop"],
             )
             eval_seconds += time.perf_counter() - started
             curve.append({"step": step, "seconds": round(trained, 3), "accuracy": accuracy})
@@ -85,8 +90,9 @@ def main(config: dict) -> dict:
 
         evaluate(0)
         for step in range(1, config["max_steps"] + 1):
-            started = time.perf_counter()
+            started, wall_start = time.perf_counter(), time.time()
             sampler = training_client.save_weights_and_get_sampling_client()
+            saved = time.perf_counter()
             params = SamplingParams(
                 max_tokens=512,
                 temperature=config["temperature"],
@@ -97,6 +103,7 @@ def main(config: dict) -> dict:
             groups = session_grpo.receive_groups(
                 tokenizer, session_grpo.sample_groups(sampler, tokenizer, env, batch, group_size, params)
             )
+            sampled = time.perf_counter()
             session_grpo.score_groups(env, cut(tokenizer, groups, max_tokens), config["format_reward_weight"])
             samples = [(g["prompt"], s) for g in groups for s in g["samples"]]
             advantages = [
@@ -109,12 +116,31 @@ def main(config: dict) -> dict:
                 for (prompt, sample), advantage in zip(samples, advantages, strict=True)
                 if advantage != 0.0  # a zero advantage adds nothing to the gradient
             ]
+            answer_lengths += [len(s.tokens) for _, s in samples]
+            scored = time.perf_counter()
             if datums:
                 forward_backward = training_client.forward_backward(datums, loss_fn="importance_sampling")
                 optim_step = training_client.optim_step(adam)
                 forward_backward.result()
+                fb_done = time.perf_counter()
                 optim_step.result()
-            trained += time.perf_counter() - started
+            ended = time.perf_counter()
+            trained += ended - started
+            step_profile.append(
+                {
+                    "step": step,
+                    "wall": [wall_start, time.time()],  # to find the service's phases of this step
+                    "save": saved - started,
+                    "sample": sampled - saved,
+                    "score_and_datums": scored - sampled,
+                    "forward_backward": (fb_done - scored) if datums else 0.0,
+                    "optim_step": (ended - fb_done) if datums else 0.0,
+                    "total": ended - started,
+                    "generated_tokens": sum(g["generated"] for g in groups),
+                    "trained_tokens": sum(len(s.tokens) for _, s in samples),
+                    "datums": len(datums),
+                }
+            )
             if step % config["eval_every"] == 0 or step == config["max_steps"]:
                 evaluate(step)
                 if reached is not None:
@@ -125,6 +151,8 @@ def main(config: dict) -> dict:
         "trained_seconds": trained,
         "eval_seconds": eval_seconds,
         "completion_length": sum(lengths) / len(lengths) if lengths else None,
+        "answer_lengths": answer_lengths,
+        "step_profile": step_profile,
         "client_peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
     }
 

@@ -45,7 +45,8 @@ def phase(name: str, **counts):
 @contextlib.contextmanager
 def generation_passes(model):
     """Splits a sampling pass's model calls into ``prefill`` (a call that reads more than one new token
-    a row: the prompts) and ``decode`` (one token a row), summed over the pass."""
+    a row: the prompts) and ``decode`` (one token a row), summed over the pass; their tokens are those
+    the decoder read (a group's prompt once, when the pass shares it)."""
     if not PROFILE_LOG:
         yield
         return
@@ -56,11 +57,16 @@ def generation_passes(model):
     def before(module, args, kwargs):
         started.append(time.perf_counter())
 
-    def after(module, args, kwargs, output):
+    read: list[tuple[int, int]] = []  # (rows, tokens a row) of the decoder's last call
+
+    def decoder_input(module, args, kwargs):
         ids = kwargs.get("input_ids")
         if ids is None:
             ids = args[0] if args else None
-        rows, width = tuple(ids.shape) if ids is not None else (0, 0)
+        read.append(tuple(ids.shape) if ids is not None else (0, 0))
+
+    def after(module, args, kwargs, output):
+        rows, width = read.pop() if read else (0, 0)
         kind = totals["prefill" if width > 1 else "decode"]
         seconds = time.perf_counter() - started.pop()
         kind[0] += seconds
@@ -72,6 +78,7 @@ def generation_passes(model):
     model = model.get_base_model() if hasattr(model, "get_base_model") else model  # peft: the model generate runs
     hooks = [
         model.register_forward_pre_hook(before, with_kwargs=True),
+        model.get_decoder().register_forward_pre_hook(decoder_input, with_kwargs=True),
         model.register_forward_hook(after, with_kwargs=True),
     ]
     try:

@@ -60,7 +60,21 @@ def test_time_to_quality_every_side_on_tiny_shapes(tmp_path, tiny_model_path):
         assert run["reached_at"] is None and row["ours"] is None  # the tiny profile's target is out of reach
         assert run["peak_rss_mib"] > 0 and run["eval_seconds"] > 0
         assert 0 < run["completion_length"] <= 8  # every side's samples are cut at the profile's 8 tokens
-    assert "| time to target |" in out.read_text()
+        # the lengths of the answers each side trained on: every answer, or TRL's logged step means
+        lengths = run["answer_lengths"] or [log["completions/mean_length"] for log in run["length_logs"]]
+        assert lengths and all(0 < n <= 8 for n in lengths)
+    session = rows[2]["extra"]["runs"][0]["step_profile"]
+    assert session["steps"] == 2
+    assert {"save", "sample", "forward_backward", "optim_step", "total"} <= session["client"].keys()
+    # the service's phases of the training steps: the pass's prefill and decode, the merge, the save, and
+    # the update when a step had datums (the tiny model's groups of 2 often score alike: no datum then)
+    phases = {"prefill", "decode", "merge", "save_s3"}
+    if session["client"]["datums"]:
+        phases |= {"fb_forward", "fb_backward", "optim_step"}
+    assert phases <= session["service"].keys()
+    assert 0 < session["service"]["prefill"]["seconds"] < session["client"]["total"]
+    text = out.read_text()
+    assert "| time to target |" in text and "## The session's step, seed 1" in text
 
 
 def test_a_worker_result_is_found_after_a_line_left_without_its_newline():
