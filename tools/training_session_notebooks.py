@@ -16,8 +16,8 @@ from helpers.training_sessions.records import held_out_lines
 RECORDS_FILE = "training_sessions.json"
 SDK_V3_KERNEL = "sagemaker-sdk-v3"  # the kernel of .venv-sessions, which the Makefile registers
 # The training-session notebooks: each drives a session (14 also an endpoint) and launches no training
-# job. They run in this order: 14 serves the model 08 trained.
-NOTEBOOKS = ("07", "08", "09", "10", "12", "14", "15")
+# job. They run in this order: 14 serves the model 08 trained, and 16 distils it into a fresh student.
+NOTEBOOKS = ("07", "08", "09", "10", "12", "14", "15", "16")
 
 # Local mode, the tiny model, a few steps (the notebooks default to the cloud).
 CI_PARAMETERS = {
@@ -86,6 +86,21 @@ CI_PARAMETERS = {
         "format_reward_weight": 0.5,
         "held_out_problems": 32,
         "held_out_samples": 16,
+    },
+    "16": {
+        "base_model": "local/tiny-qwen2-gsm8k-format",
+        "lora_rank": 16,
+        "lora_alpha": 32,
+        "task": "count",
+        "steps": 16,
+        "problems_per_step": 16,
+        "group_size": 8,
+        "learning_rate": 3e-3,
+        "format_reward_weight": 0.5,
+        "stop": ["\n"],
+        "held_out_problems": 64,
+        "held_out_samples": 16,
+        "eval_every": 4,
     },
 }
 

@@ -546,7 +546,7 @@ def test_job_notebooks_and_session_notebooks_are_two_lanes():
     from tools import run_notebooks
 
     prefixes = [[n.name[:2] for n in lane] for lane in run_notebooks.lanes(run_notebooks.notebooks())]
-    assert prefixes == [["01", "02", "03", "04", "05", "06", "11", "13"], ["07", "08", "09", "10", "12"]]
+    assert prefixes == [["01", "02", "03", "04", "05", "06", "11", "13"], ["07", "08", "09", "10", "12", "14", "15", "16"]]
 
 
 def test_lanes_run_side_by_side_after_00_and_a_failure_ends_only_its_lane(tmp_path, monkeypatch):
@@ -578,7 +578,7 @@ def test_the_notebooks_of_the_sdk_v3_kernel_use_the_session_endpoint_whichever_l
     from tools import run_notebooks
 
     users = [n.name[:2] for n in run_notebooks.notebooks() if run_notebooks.uses_session_endpoint(n)]
-    assert users == ["07", "08", "09", "10", "11", "12"]  # 11 runs in the job lane
+    assert users == ["07", "08", "09", "10", "11", "12", "14", "15", "16"]  # 11 runs in the job lane
 
 
 def test_the_session_endpoint_stops_once_its_last_user_is_done_or_will_not_run():
@@ -588,7 +588,8 @@ def test_the_session_endpoint_stops_once_its_last_user_is_done_or_will_not_run()
     notebooks = {n.name[:2]: n for n in run_notebooks.notebooks()}
     users = run_notebooks.EndpointUsers(list(notebooks.values()), lambda: stops.append(1))
     users.done([notebooks["01"], notebooks["07"], notebooks["13"]])
-    users.done([notebooks["08"], notebooks["09"], notebooks["10"], notebooks["12"]])  # a lane that failed at 08
+    session_lane = [notebooks[n] for n in ("08", "09", "10", "12", "14", "15", "16")]
+    users.done(session_lane)  # a lane that failed at 08
     assert not stops  # 11 has not run yet
     users.done([notebooks["11"]])
     users.done([notebooks["11"], notebooks["12"]])  # a lane's end names its notebooks again
