@@ -73,8 +73,9 @@ def test_hub_lists_the_local_base_models(clients):
     listed = control.list_hub_contents(HubName="SageMakerPublicHub", HubContentType="Model")["HubContentSummaries"]
     from local_mode.offline_models import smollm2_installed
 
-    expected = ["local-tiny-qwen2"] + (["local-smollm2-135m-instruct"] if smollm2_installed() else [])
-    assert sorted(s["HubContentName"] for s in listed) == sorted(expected)  # the real model where its wheel is
+    names = {s["HubContentName"] for s in listed}
+    # The project's models, the real one where its wheel is; other tests may register more on this endpoint.
+    assert "local-tiny-qwen2" in names and ("local-smollm2-135m-instruct" in names) == smollm2_installed(), names
     assert all("@capability:training_session" in s["HubContentSearchKeywords"] for s in listed)
     described = control.describe_hub_content(
         HubName="SageMakerPublicHub", HubContentType="Model", HubContentName="local-tiny-qwen2"
