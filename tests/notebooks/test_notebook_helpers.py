@@ -546,7 +546,10 @@ def test_job_notebooks_and_session_notebooks_are_two_lanes():
     from tools import run_notebooks
 
     prefixes = [[n.name[:2] for n in lane] for lane in run_notebooks.lanes(run_notebooks.notebooks())]
-    assert prefixes == [["01", "02", "03", "04", "05", "06", "11", "13"], ["07", "08", "09", "10", "12", "14", "15", "16"]]
+    assert prefixes == [
+        ["01", "02", "03", "04", "05", "06", "11", "13"],
+        ["07", "08", "09", "10", "12", "14", "15", "16"],
+    ]
 
 
 def test_lanes_run_side_by_side_after_00_and_a_failure_ends_only_its_lane(tmp_path, monkeypatch):
