@@ -137,7 +137,8 @@ def test_every_notebook_ran(notebook_run):
         if r["status"] != "ok"
     ]
     assert not failed, "\n".join(failed)
-    assert len(notebook_run.summary["notebooks"]) == len(run_notebooks.notebooks())  # 00-06 jobs, 07+ sessions
+    ran = {r["notebook"][:2] for r in notebook_run.summary["notebooks"]}  # 00-06 jobs, 07+ sessions
+    assert ran >= {p.name[:2] for p in run_notebooks.notebooks()} - set(run_notebooks.SUITE_LEAVES_OUT)
 
 
 def test_summary_is_written_for_people(notebook_run):

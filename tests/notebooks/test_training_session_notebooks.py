@@ -36,6 +36,8 @@ def test_the_session_notebooks_are_there():
         "09_training_session_code_rl.ipynb",
         "10_training_session_boto3.ipynb",
         "12_training_session_dpo.ipynb",
+        "15_training_session_tool_rl.ipynb",
+        "16_training_session_distillation.ipynb",
     ]
 
 
