@@ -184,7 +184,9 @@ def cloud_requests(tmp_path_factory) -> dict:
 
 def test_session_request_cells_match_their_stored_outputs(cloud_requests):
     result = cloud_requests["nbval"]
-    assert cloud_requests["count"] == len(SESSION_NOTEBOOKS)
+    # The notebooks that preview their requests in a checked cell; 15 and 16 build on 08's and have none.
+    previewing = [p for p in SESSION_NOTEBOOKS if p.name[:2] in ("07", "08", "09", "10", "12")]
+    assert cloud_requests["count"] == len(previewing)
     assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-2000:]
 
 
