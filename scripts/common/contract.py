@@ -185,11 +185,26 @@ def str2bool(value: str | bool) -> bool:
     raise argparse.ArgumentTypeError(f"expected true or false, got {value!r}")
 
 
-def option(default, help: str, **argparse_options) -> dataclasses.Field:
+def option(default, help: str, old_names: tuple[str, ...] = (), **argparse_options) -> dataclasses.Field:
     """A hyperparameter: a dataclass field with its default and its ``--help`` text. Other
     ``add_argument`` keywords (``choices=...``) go along. The help gets ``(default: ...)``
-    appended unless it says ``default:`` itself."""
-    return dataclasses.field(default=default, metadata={"help": help, "argparse": argparse_options})
+    appended unless it says ``default:`` itself. ``old_names`` are the names it had before a
+    rename: they keep working for one release, with a deprecation message naming the new one."""
+    return dataclasses.field(
+        default=default, metadata={"help": help, "argparse": argparse_options, "old_names": tuple(old_names)}
+    )
+
+
+class _RenamedOption(argparse.Action):
+    """``--old_name value``: stores the value under the new name and says, in one line, to use it."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        print(
+            f"{option_string} is deprecated and goes in the next release: use --{self.dest} (same value).",
+            file=sys.stderr,
+            flush=True,
+        )
+        setattr(namespace, self.dest, values)
 
 
 def _value_type(annotation) -> dict:
@@ -218,7 +233,9 @@ class HyperparameterParser(argparse.ArgumentParser):
     - the fields a class declares go under its ``help_group`` heading in ``--help``, if it has one;
     - abbreviations are refused (``--learning`` must not mean ``--learning_rate``);
     - an unknown or malformed hyperparameter raises ``UserError`` listing the valid ones;
-    - ``parse()`` also reads ``SM_HPS`` (JSON) for keys not given on the command line.
+    - ``parse()`` also reads ``SM_HPS`` (JSON) for keys not given on the command line;
+    - a renamed option's old names (``option(..., old_names=...)``) still work, print a deprecation
+      line, and are left out of ``--help``; giving the old and the new name together is an error.
     """
 
     def __init__(self, options_class: type, description: str, **kwargs):
@@ -235,6 +252,7 @@ class HyperparameterParser(argparse.ArgumentParser):
             if "__dataclass_fields__" in vars(klass)
         ]
         groups = {None: self}
+        self.old_names: dict[str, str] = {}  # old name -> the option's name now
         for field in dataclasses.fields(options_class):
             declared_by = next(klass for klass, fields in fields_by_class if field.name in fields)
             documented = [
@@ -258,13 +276,28 @@ class HyperparameterParser(argparse.ArgumentParser):
                 help=help_text,
                 **{**_value_type(annotations[field.name]), **documented[-1]["argparse"]},
             )
+            old_names = {
+                old_name
+                for _, fields in fields_by_class
+                for old_name in getattr(fields.get(field.name), "metadata", {}).get("old_names", ())
+            }
+            for old_name in sorted(old_names):
+                self.old_names[old_name] = field.name
+                self.add_argument(
+                    f"--{old_name}",
+                    dest=field.name,
+                    action=_RenamedOption,
+                    default=argparse.SUPPRESS,
+                    help=argparse.SUPPRESS,
+                    **{**_value_type(annotations[field.name]), **documented[-1]["argparse"]},
+                )
 
     def valid_names(self) -> list[str]:
         return sorted(
             opt[2:]
             for action in self._actions
             for opt in action.option_strings
-            if opt.startswith("--") and opt != "--help"
+            if opt.startswith("--") and opt != "--help" and opt[2:] not in self.old_names
         )
 
     def error(self, message: str):  # argparse calls this for every parse problem
@@ -276,10 +309,15 @@ class HyperparameterParser(argparse.ArgumentParser):
     def parse(self, argv: list[str] | None = None):
         """The options from ``argv`` (default ``sys.argv[1:]``), then ``SM_HPS``, then the defaults."""
         argv = list(sys.argv[1:] if argv is None else argv)
-        given = {a[2:].split("=", 1)[0] for a in argv if a.startswith("--")}
+        given = [a[2:].split("=", 1)[0] for a in argv if a.startswith("--")]
+        for old_name, name in self.old_names.items():
+            if old_name in given and name in given:
+                raise UserError(f"--{old_name} is the old name of --{name}: give only --{name}.")
+        given = {self.old_names.get(key, key) for key in given}
         hps = json.loads(os.environ.get("SM_HPS", "{}") or "{}")
         for key, value in sorted(hps.items()):
-            if key.startswith("sagemaker_") or key in given:  # the toolkit's own keys; the command line wins
+            # the toolkit's own keys; the command line wins (under either name of a renamed option)
+            if key.startswith("sagemaker_") or self.old_names.get(key, key) in given:
                 continue
             if isinstance(value, (dict, list)):
                 value = json.dumps(value)

@@ -154,6 +154,34 @@ def test_sm_hps_values_arrive_as_the_toolkit_writes_them(clean_env):
         _every_kind([])
 
 
+@dataclass
+class _RenamedArgs:
+    group_size: int = option(8, "completions per prompt", old_names=("num_generations",))
+
+
+@dataclass
+class _RenamedWithNewDefault(_RenamedArgs):
+    group_size: int = 4  # a subclass's default keeps the old name working
+
+
+def test_a_renamed_options_old_name_still_works_and_says_the_new_one(clean_env, capsys):
+    parser = contract.HyperparameterParser(_RenamedArgs, description="renamed", prog="renamed.py")
+    assert parser.parse(["--num_generations", "3"]).group_size == 3
+    assert capsys.readouterr().err.strip() == (
+        "--num_generations is deprecated and goes in the next release: use --group_size (same value)."
+    )
+    assert parser.parse(["--group_size", "5"]).group_size == 5 and capsys.readouterr().err == ""
+    clean_env.setenv("SM_HPS", json.dumps({"num_generations": 6}))  # as the toolkit passes an old job's keys
+    assert parser.parse([]).group_size == 6 and "use --group_size" in capsys.readouterr().err
+    assert parser.parse(["--group_size", "2"]).group_size == 2  # the command line wins under either name
+    clean_env.delenv("SM_HPS")
+    with pytest.raises(UserError, match="--num_generations is the old name of --group_size: give only --group_size"):
+        parser.parse(["--group_size", "2", "--num_generations", "3"])
+    assert "num_generations" not in parser.format_help() and parser.valid_names() == ["group_size"]
+    subclass = contract.HyperparameterParser(_RenamedWithNewDefault, description="renamed", prog="renamed.py")
+    assert subclass.parse([]).group_size == 4 and subclass.parse(["--num_generations=7"]).group_size == 7
+
+
 def test_help_shows_each_default_once(clean_env):
     text = contract.HyperparameterParser(_GroupedArgs, description="kinds", prog="kinds.py").format_help()
     assert "an int (default: 5)" in text  # a subclass's default with the base class's help
