@@ -23,6 +23,7 @@ from pathlib import Path
 from helpers.errors import LaunchError, explain
 from helpers.job_request import record_requests
 from helpers.live import JobResult, watch
+from helpers.results import curve_ends
 
 DEFAULT_STATE_FILE = "outputs/state.json"
 
@@ -86,10 +87,22 @@ class State:
             model_data=result.model_data,
             billable_seconds=result.description.get("BillableTimeInSeconds"),
             training_seconds=result.description.get("TrainingTimeInSeconds"),
+            curve=curve(result.records),
         )
         if label:
             entry["label"] = label
         self._write(state)
+
+
+def curve(records: list[dict]) -> dict:
+    """What a job's training curve did, kept beside its final metrics: each metric's mean over the first and
+    over the last quarter of the logged steps (``helpers.results.curve_ends``), and how many steps logged it."""
+    names = sorted({name for record in records for name in record if name != "step"})
+    return {
+        name: {"first": ends[0], "last": ends[1], "steps": sum(name in record for record in records)}
+        for name in names
+        if (ends := curve_ends(records, name)) is not None
+    }
 
 
 @dataclass

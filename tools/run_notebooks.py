@@ -30,6 +30,7 @@ from pathlib import Path
 
 from jupyter_client.manager import KernelManager
 
+from helpers.results import curve_ends, recorded
 from local_mode import session_service
 from local_mode.jobs import hosts as hostlib
 from tools import disk_space
@@ -614,15 +615,6 @@ def job_metrics(out: Path, job: dict) -> list[dict]:
     return merge_by_step([record for record in records if record is not None])
 
 
-def curve_ends(records: list[dict], metric: str) -> tuple[float, float] | None:
-    """Mean of ``metric`` over the first and over the last quarter of the steps (at least one step each)."""
-    values = [r[metric] for r in records if metric in r]
-    if not values:
-        return None
-    k = max(1, len(values) // 4)
-    return sum(values[:k]) / k, sum(values[-k:]) / k
-
-
 def learning_curves(state: dict, out: Path) -> list[dict]:
     """For each training job: what its curve did, first quarter of the steps against the last, and
     whether it went the way its profile (the model notebook 0 staged) says it must."""
@@ -672,6 +664,7 @@ def render_curve(c: dict) -> str:
 
 def build_summary(results: list[dict], state_file: Path, out: Path) -> dict:
     state = json.loads(state_file.read_text()) if state_file.exists() else {}
+    figures = recorded(state_file.parent)  # what each notebook's "What you saw" cell reads too
     jobs = [
         {
             k: job.get(k)
@@ -688,19 +681,16 @@ def build_summary(results: list[dict], state_file: Path, out: Path) -> dict:
                 "failure_reason",
             )
         }
-        for job in state.get("jobs", [])
+        for job in figures["jobs"]
     ]
     return {
         "ok": bool(results) and all(r["status"] == "ok" for r in results),
-        "model": state.get("model_id"),  # what notebook 0 staged
+        "model": figures["model"],
         "notebooks": results,
         "jobs": jobs,
         "curves": learning_curves(state, out),
-        "evaluation": state.get("evaluation", {}),
-        "code_rl_evaluation": state.get("code_rl_evaluation", {}),
-        "spot": state.get("spot", {}),
-        "teacher_and_judge": state.get("teacher_and_judge", {}),
-        "training_sessions": training_sessions.records(state_file.parent),
+        **{key: figures[key] for key in ("evaluation", "code_rl_evaluation", "spot", "teacher_and_judge")},
+        "training_sessions": figures["training_sessions"],
         "paths": {
             "executed notebooks": str(out / "notebooks"),
             "state file": str(state_file),

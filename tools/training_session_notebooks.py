@@ -8,12 +8,10 @@ tokens with ``helpers.training_sessions.records.record`` in ``<work_dir>/trainin
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from helpers.training_sessions.records import held_out_lines
 
-RECORDS_FILE = "training_sessions.json"
 SDK_V3_KERNEL = "sagemaker-sdk-v3"  # the kernel of .venv-sessions, which the Makefile registers
 # The training-session notebooks: each drives a session (14 also an endpoint) and launches no training
 # job. They run in this order: 14 serves the model 08 trained, and 16 distils it into a fresh student.
@@ -110,11 +108,6 @@ def kernel_name(notebook: Path) -> str:
     import nbformat
 
     return nbformat.read(str(notebook), as_version=4).metadata.get("kernelspec", {}).get("name", "python3")
-
-
-def records(work_dir: Path) -> list[dict]:
-    path = Path(work_dir) / RECORDS_FILE
-    return json.loads(path.read_text()) if path.exists() else []
 
 
 def render(sessions: list[dict]) -> list[str]:

@@ -11,6 +11,7 @@ from pathlib import Path
 # Prices per million tokens, an assumption for the estimate only: replace them with your Region's
 # figures from the SageMaker pricing page (training sessions bill prefill, sample and training tokens).
 PRICE_PER_MILLION = {"prefill": 0.10, "sample": 0.30, "training": 0.60}
+RECORDS_FILE = "training_sessions.json"  # in the notebooks' work_dir, beside the workshop's state file
 
 
 def billable_tokens(training_session_name: str) -> dict[str, int]:
@@ -69,11 +70,17 @@ def record(work_dir: str | os.PathLike, notebook: str, training_client, history:
         "billable_tokens": billable_tokens(name),
         **extra,
     }
-    path = Path(work_dir) / "training_sessions.json"
+    path = Path(work_dir) / RECORDS_FILE
     path.parent.mkdir(parents=True, exist_ok=True)
     entries = [e for e in (json.loads(path.read_text()) if path.exists() else []) if e["notebook"] != notebook]
     path.write_text(json.dumps(entries + [entry], indent=1))
     return entry
+
+
+def read(work_dir: str | os.PathLike) -> list[dict]:
+    """Every notebook's record in ``<work_dir>/training_sessions.json`` (none before a session notebook ran)."""
+    path = Path(work_dir) / RECORDS_FILE
+    return json.loads(path.read_text()) if path.exists() else []
 
 
 def held_out_lines(held_out: dict) -> list[str]:

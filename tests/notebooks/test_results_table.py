@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from helpers import results
 from tools import results_table
 
 REPO = Path(__file__).resolve().parents[2]
@@ -130,12 +131,12 @@ def test_rendering_of_a_made_up_summary():
     ],
 )
 def test_a_change_counts_beyond_two_standard_errors_and_never_when_collapsed(change, error, after, expected):
-    assert results_table.verdict(change, error, after) == expected
+    assert results.verdict(change, error, after) == expected
 
 
 def test_a_lower_loss_is_the_gain_of_a_loss_figure():
-    assert results_table.verdict(-0.5, 0.1, answers=False, lower_is_better=True) == "gain"
-    assert results_table.verdict(0.5, 0.1, answers=False, lower_is_better=True) == "not a gain"
+    assert results.verdict(-0.5, 0.1, answers=False, lower_is_better=True) == "gain"
+    assert results.verdict(0.5, 0.1, answers=False, lower_is_better=True) == "not a gain"
 
 
 def test_write_between_markers_and_check(tmp_path):

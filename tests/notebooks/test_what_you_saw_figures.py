@@ -1,0 +1,128 @@
+"""A notebook's "What you saw" cell (``helpers.what_you_saw``) reads back what the notebook recorded and says
+the figures of the README's results table: here on the records of the run the README's table comes from
+(``docs/runs/main-tiny.json``), laid out in a work_dir as the notebooks write them."""
+
+from __future__ import annotations
+
+import copy
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from helpers import results
+from helpers.live import JobResult
+from helpers.what_you_saw import NothingRecorded, report
+from helpers.workshop import State
+
+REPO = Path(__file__).resolve().parents[2]
+KEPT = json.loads((REPO / "docs" / "runs" / "main-tiny.json").read_text())
+
+
+def work_dir_of(summary: dict, folder: Path) -> Path:
+    """A work_dir holding what the run's notebooks recorded: the state file and the session records."""
+    state = {key: summary[key] for key in ("jobs", "evaluation", "code_rl_evaluation", "spot", "teacher_and_judge")}
+    (folder / "state.json").write_text(json.dumps(state))
+    (folder / "training_sessions.json").write_text(json.dumps(summary["training_sessions"]))
+    return folder
+
+
+def test_held_out_figures_appear_with_their_standard_errors_and_the_verdict(tmp_path):
+    text = report("08_training_session_grpo", work_dir_of(KEPT, tmp_path))
+    assert "held-out accuracy, 64 problems x 16 answer(s), in share of answers right:" in text
+    assert "before 0.414 ± 0.027 -> after 0.481 ± 0.036 (± one standard error)" in text
+    assert "change +0.067 ± 0.031, +2.2 s.e. (paired" in text
+    assert "+2.2 standard errors: a gain" in text  # common.stats.judge_change
+    assert "distinct answers 9 -> 12; the most common answer's share 0.30 -> 0.29" in text
+    assert (
+        "reward: 0.848 -> 1.013 mean reward per answer (mean of the first third of the steps -> the last third)" in text
+    )
+
+
+def test_a_collapsed_models_rise_is_called_collapsed_not_a_gain(tmp_path):
+    text = report("06_results", work_dir_of(KEPT, tmp_path))  # the tiny GRPO model answers '2' to all 32
+    assert "change +0.188 ± 0.070, +2.7 s.e." in text
+    assert "collapsed: 32 of 32 answers are '2', not counted as a gain" in text
+    assert "a gain" not in text.replace("not counted as a gain", "")
+    # the same +2.2 s.e. that counts in notebook 8 does not once its answers collapse into one
+    summary = copy.deepcopy(KEPT)
+    grpo = next(s for s in summary["training_sessions"] if s["notebook"] == "08_training_session_grpo")
+    grpo["held_out"]["after_answer_diversity"].update(most_common_count=1000, most_common_share=1000 / 1024)
+    text = report("08_training_session_grpo", work_dir_of(summary, tmp_path))
+    assert "+2.2 standard errors; collapsed: 1000 of 1024 answers are '1', not counted as a gain" in text
+    assert [row["verdict"] for row in results.rows(summary) if row["notebook"] == "08"] == ["collapsed: not a gain"]
+
+
+def test_the_cell_says_what_the_readme_table_says(tmp_path):
+    """One code path: every row of the README's table appears, figure for figure, in its notebook's cell."""
+    work_dir = work_dir_of(KEPT, tmp_path)
+    table = results.rows(KEPT)
+    assert {row["notebook"] for row in table} >= {"04", "06", "07", "08", "09", "12", "13"}
+    names = {job["notebook"][:2]: job["notebook"] for job in KEPT["jobs"]}
+    names.update({s["notebook"][:2]: s["notebook"] for s in KEPT["training_sessions"]})
+    for row in table:
+        text = report(names[row["notebook"]], work_dir)
+        assert row["what"] in text and row["after"] in text
+        assert row["before"] == "-" or f"before {row['before']} -> after {row['after']}" in text
+        assert row["change"] == "-" or f"change {row['change']}" in text
+
+
+def test_a_jobs_curve_is_kept_when_it_ends_and_shown_with_its_unit(tmp_path):
+    state = State(tmp_path / "state.json")
+    state.record_job("01_estimator_sft", {"TrainingJobName": "sft-1"})
+    losses = [6.0, 5.0, 4.0, 3.5, 3.0, 2.5, 2.2, 2.0]
+    records = [{"step": i + 1, "loss": loss} for i, loss in enumerate(losses)] + [{"step": 8, "eval_loss": 2.4}]
+    description = {"BillableTimeInSeconds": 21, "TrainingTimeInSeconds": 21}
+    state.record_result(JobResult("sft-1", "Completed", "Completed", None, records, description))
+    assert state.job("sft-1")["curve"]["loss"] == {"first": 5.5, "last": 2.1, "steps": 8}
+    text = report("01_estimator_sft", tmp_path)
+    assert "training job sft-1: Completed, 21 billable seconds of 21 s training" in text
+    assert (
+        "loss: 5.500 -> 2.100 nats per target token (mean of the first quarter of 8 steps -> the last quarter)" in text
+    )
+    assert (
+        "held out, measured once at the end (no before, no standard error): eval_loss 2.400 nats per target token"
+        in text
+    )
+
+
+def test_notebook_0_shows_the_rows_it_staged(tmp_path):
+    channels = {}
+    for name, counts in {"chat": (3, 2), "gsm8k": (4, 1)}.items():
+        channels[name] = {}
+        for split, rows in zip(("train", "test"), counts, strict=True):
+            path = tmp_path / "data" / "channels" / name / split / f"{split}.jsonl"
+            path.parent.mkdir(parents=True)
+            path.write_text("".join(json.dumps({"row": i}) + "\n" for i in range(rows)))
+            channels[name][split] = f"s3://bucket/llm-training-loops/data/{name}/{split}"
+    State(tmp_path / "state.json").update(
+        model="s3://bucket/m", model_id="tiny", data_source="offline", channels=channels
+    )
+    text = report("00_setup_and_data", tmp_path)
+    assert "model tiny staged at s3://bucket/m (data source: offline)" in text
+    assert "chat: train 3 rows, test 2 rows" in text and "gsm8k: train 4 rows, test 1 rows" in text
+
+
+def test_a_missing_record_names_the_notebook_to_run_first(tmp_path):
+    with pytest.raises(
+        NothingRecorded,
+        match=r"run 02_sagemaker_session_dpo\.ipynb to its end first \(and "
+        r"00_setup_and_data\.ipynb before it",
+    ):
+        report("02_sagemaker_session_dpo", tmp_path)
+    State(tmp_path / "state.json").update(model="s3://bucket/m", channels={})
+    with pytest.raises(NothingRecorded, match=r"holds no figure of 06_results: run 06_results\.ipynb to its end") as e:
+        report("06_results", tmp_path)
+    assert "00_setup_and_data" not in str(e.value)
+
+
+def test_the_sdk_v3_kernel_imports_it_too(tmp_path):
+    """Notebooks 07-12 and 14-16 run in .venv-sessions (SDK v3): the cell is the same there."""
+    python = REPO / ".venv-sessions" / "bin" / "python"
+    if not python.exists():
+        pytest.skip("no .venv-sessions: make .venv-sessions/.stamp")
+    work_dir = work_dir_of(KEPT, tmp_path)
+    code = f"from helpers.what_you_saw import what_you_saw; what_you_saw('12_training_session_dpo', {str(work_dir)!r})"
+    shown = subprocess.run([str(python), "-c", code], capture_output=True, text=True, check=True).stdout
+    assert "before 0.500 ± 0.088 -> after 0.562 ± 0.088" in shown
