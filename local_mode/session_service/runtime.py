@@ -40,6 +40,7 @@ class SessionRecords(Protocol):
     def package(self, arn: str) -> dict: ...
     def register_package(self, live: LiveSession, s3_uri: str, checkpoint: bool, description: str) -> dict: ...
     def base_model_for_arn(self, arn: str) -> tuple[str, dict]: ...
+    def base_models(self) -> dict[str, dict]: ...
 
 
 LONG_POLL_SECONDS = float(os.environ.get("SAGEMAKER_LOCAL_SESSION_LONG_POLL", "20"))
@@ -236,7 +237,7 @@ class Runtime:
             except engine_module.InputError as error:
                 raise ServiceError("ValidationException", str(error)) from None
         if kind == "loadState":
-            self.control_plane.package(config["modelPackageArn"])
+            self.package_for(live, config["modelPackageArn"])
         if kind in ("saveWeights", "saveState") and not live.detail.get("ModelPackageGroupArn"):
             raise ServiceError(
                 "ValidationException",
@@ -250,7 +251,7 @@ class Runtime:
         live = self._live(request["trainingSessionName"])
         kind, config = _union(request["operationConfig"], "operationConfig")
         if config.get("modelPackageArn"):
-            self.control_plane.package(config["modelPackageArn"])
+            self.package_for(live, config["modelPackageArn"])
         prompt = config.get("prompt")
         if prompt is not None:
             try:
@@ -334,7 +335,7 @@ class Runtime:
         request = chat.read_chat_request(body, content_type)
         engine, adapter = live.engine, engine_module.OWN_ADAPTER
         if package_arn:
-            package = self.control_plane.package(package_arn)
+            package = self.package_for(live, package_arn)
             adapter = self._adapter_of(package)
             if package["_lora"]["Rank"] != live.detail["LoraConfig"]["Rank"]:
                 engine = self._package_engine(live, package)
@@ -363,6 +364,25 @@ class Runtime:
         if request["stream"]:
             return "text/event-stream", chat.stream_events(answer, engine.tokenizer, samples)
         return "application/json", iter([json.dumps(answer).encode()])
+
+    def package_for(self, live: LiveSession, arn: str) -> dict:
+        """The model package ``arn`` names, if it was trained from ``live``'s base model. A package holds a
+        LoRA adapter of its base model's layers: on another base model of the same shapes it would load
+        without a complaint and score every token with weights that belong to neither model."""
+        package = self.control_plane.package(arn)
+        trained_from = package["InferenceSpecification"]["Containers"][0]["BaseModel"]["HubContentName"]
+        session_base, entry = self.control_plane.base_model_for_arn(live.detail["ModelConfig"]["BaseModelArn"])
+        if trained_from != session_base:
+            known = self.control_plane.base_models().get(trained_from, {}).get("HuggingfaceId", trained_from)
+            raise ServiceError(
+                "ValidationException",
+                f"Model package {arn} was trained from base model {known}; training session {live.name} runs "
+                f"base model {entry['HuggingfaceId']}. A checkpoint's LoRA weights apply only to the base model "
+                f"they were trained from: give a checkpoint trained from {entry['HuggingfaceId']}, or use this "
+                f"one in a session of {known} (create_training_client_from_state reads the base model from the "
+                "package).",
+            )
+        return package
 
     def _package_engine(self, live: LiveSession, package: dict) -> engine_module.Engine:
         cached = live.package_engines.get(package["ModelPackageArn"])

@@ -12,6 +12,7 @@ import json
 import sys
 
 import boto3
+from botocore.exceptions import ClientError
 from common.contract import UserError
 from sagemaker.train.training_session import AdamParams, Datum, ModelInput, SamplingParams, ServiceClient
 
@@ -127,6 +128,62 @@ def other_tokenizer(base_model: str) -> dict:
         student.stop()
     detail = boto3.client("sagemaker").describe_training_session(TrainingSessionName=student.training_session_name)
     return {"error": error, "billable": detail["TrainingSessionDetail"].get("BillableTokenUsage", {})}
+
+
+def refusal(call) -> dict:
+    """What the service answered ``call()`` with: its error code, HTTP status and message."""
+    try:
+        call()
+    except ClientError as error:
+        response = error.response
+        return {
+            "code": response["Error"]["Code"],
+            "status": response["ResponseMetadata"]["HTTPStatusCode"],
+            "message": response["Error"]["Message"],
+        }
+    return {"code": None, "status": 200, "message": ""}
+
+
+def teacher_of_another_base_model(base_model: str) -> dict:
+    """A checkpoint of ``base_model`` (the student's tokenizer, other weights) offered as the teacher of a
+    tiny-qwen2 student, and restored into a session of tiny-qwen2 and into one of its own base model."""
+    svc = service()
+    teacher_session = trained(svc.create_lora_training_client(base_model, rank=8, alpha=16))
+    teacher_arn = teacher_session.save_state("teacher of another base model").result().model_package_arn
+    tokens = teacher_session.get_tokenizer()(PROMPT_TEXT + " 3 4", add_special_tokens=False)["input_ids"]
+    teacher_session_logprobs = teacher_session.save_weights_and_get_sampling_client().compute_logprobs(tokens).result()
+    teacher_session.stop()
+    student = svc.create_lora_training_client(MODEL, rank=8, alpha=16)
+    try:
+        teacher = distillation.open_teacher(student, teacher_arn, student.get_tokenizer())  # the same tokenizer
+        scored = refusal(lambda: teacher.compute_logprobs(tokens).result())
+    finally:
+        student.stop()
+    restored_name = f"restore-{student.training_session_name[-12:]}"
+    on_student_base_model = refusal(
+        lambda: svc.create_training_client_from_state(
+            teacher_arn, base_model=MODEL, rank=8, alpha=16, training_session_name=restored_name
+        )
+    )
+    sagemaker = boto3.client("sagemaker")
+    status = sagemaker.describe_training_session(TrainingSessionName=restored_name)["TrainingSessionDetail"]
+    restored = svc.create_training_client_from_state(teacher_arn, rank=8, alpha=16)  # base_model read from the package
+    try:
+        detail = sagemaker.describe_training_session(TrainingSessionName=restored.training_session_name)
+        reading_the_package = {
+            "base_model": detail["TrainingSessionDetail"]["ModelConfig"]["BaseModelArn"],
+            "logprobs": restored.save_weights_and_get_sampling_client().compute_logprobs(tokens).result(),
+        }
+    finally:
+        restored.stop()
+    return {
+        "opened": teacher is not None,
+        "compute_logprobs": scored,
+        "from_state_on_the_student_base_model": on_student_base_model,
+        "from_state_session_status": status["TrainingSessionStatus"],
+        "from_state_reading_the_package": reading_the_package,
+        "teacher_session_logprobs": teacher_session_logprobs,
+    }
 
 
 if __name__ == "__main__":
