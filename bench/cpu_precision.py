@@ -97,7 +97,7 @@ def job_seconds(path: str, precision: str, rounds: int) -> dict[str, list[float]
         model.zero_grad(set_to_none=True)
         middle = time.perf_counter()
         torch.manual_seed(round_index)
-        generator.generate(prompts, num_generations=6)
+        generator.generate(prompts, group_size=6)
         if round_index:
             out["forward and backward"].append(middle - started)
             out["rollout"].append(time.perf_counter() - middle)

@@ -424,9 +424,9 @@ def grpo_benchmark(device: torch.device, smoke: bool, rounds: int, warmup: int, 
 
     settings = dict(train_steps.SETTINGS["grpo"])
     if smoke:
-        settings.update(prompts_per_step=2, num_generations=2, micro_batch_size=4, max_new_tokens=8)
+        settings.update(prompts_per_step=2, group_size=2, micro_batch_size=4, max_new_tokens=8)
     else:
-        settings.update(prompts_per_step=8, num_generations=8, micro_batch_size=16, max_new_tokens=128)
+        settings.update(prompts_per_step=8, group_size=8, micro_batch_size=16, max_new_tokens=128)
     data = uniform_data_dir() / "gsm8k"
     runs = {"ours": [], "trl": []}
     with tempfile.TemporaryDirectory(prefix="gpu-bench-grpo-") as work:
@@ -449,7 +449,7 @@ def grpo_benchmark(device: torch.device, smoke: bool, rounds: int, warmup: int, 
     kind = "max allocated" if device.type == "cuda" else "RSS"
     case = (
         f"{'smoke' if smoke else 'Qwen2.5-0.5B layout'}, {settings['prompts_per_step']} prompts x "
-        f"{settings['num_generations']}, {settings['max_new_tokens']} new tokens, {device.type}"
+        f"{settings['group_size']}, {settings['max_new_tokens']} new tokens, {device.type}"
     )
     rows = []
     parts = {}

@@ -70,7 +70,7 @@ BASELINE = "trl_lora"
 PROFILES = {
     "smollm2": dict(
         prompts_per_step=4,
-        num_generations=6,
+        group_size=6,
         micro_batch_size=12,
         max_new_tokens=24,
         temperature=1.0,
@@ -94,7 +94,7 @@ PROFILES = {
     ),
     "tiny": dict(
         prompts_per_step=2,
-        num_generations=2,
+        group_size=2,
         micro_batch_size=4,
         max_new_tokens=8,
         temperature=1.0,
@@ -177,7 +177,7 @@ def held_out_accuracy(model, tokenizer, env, held_out: list[dict], max_new_token
         model, tokenizer, distributed.single_learner("cpu"), max_new_tokens=max_new_tokens
     )
     prompts = [generation.prompt_token_ids(tokenizer, env.prompt_messages(p)) for p in held_out]
-    _, texts = generator.generate(prompts, num_generations=1, greedy=True)
+    _, texts = generator.generate(prompts, group_size=1, greedy=True)
     return sum(bool(s["correct"]) for s in env.score(held_out, texts)) / len(held_out)
 
 
@@ -308,8 +308,8 @@ def run_grpo_script(profile: dict, model: Path, seed: int, max_steps: int, lora:
         str(profile["learning_rate_lora" if lora else "learning_rate_full"]),
         "--prompts_per_step",
         str(profile["prompts_per_step"]),
-        "--num_generations",
-        str(profile["num_generations"]),
+        "--group_size",
+        str(profile["group_size"]),
         "--micro_batch_size",
         str(profile["micro_batch_size"]),
         "--max_new_tokens",
@@ -370,14 +370,14 @@ def run_trl(profile: dict, model: Path, seed: int, max_steps: int, work: Path) -
     settings = dict(
         learning_rate=profile["learning_rate_lora"],
         prompts_per_step=profile["prompts_per_step"],
-        num_generations=profile["num_generations"],
+        group_size=profile["group_size"],
         micro_batch_size=profile["micro_batch_size"],
     )
     common = _trl_common("grpo", max_steps, work, settings, "cpu")
     common["seed"] = seed
     config = GRPOConfig(
         **common,
-        num_generations=profile["num_generations"],
+        num_generations=profile["group_size"],
         max_completion_length=profile["max_new_tokens"],
         temperature=profile["temperature"],
         top_p=1.0,

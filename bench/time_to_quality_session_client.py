@@ -58,7 +58,7 @@ def main(config: dict) -> dict:
     env = GSM8KEnvironment()
     service = ServiceClient(region="us-east-1", role_arn=connect.LOCAL_ROLE)
     rng = random.Random(config["seed"])
-    group_size, max_tokens = config["num_generations"], config["max_new_tokens"]
+    group_size, max_tokens = config["group_size"], config["max_new_tokens"]
     adam = connect.adam_params(config["learning_rate_lora"])
     curve, reached, trained, eval_seconds, lengths = [], None, 0.0, 0.0, []
     answer_lengths, step_profile = [], []  # every trained answer's length; each step's phases, as the client sees them

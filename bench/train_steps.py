@@ -49,7 +49,7 @@ SETTINGS = {
     ),
     "grpo": dict(
         prompts_per_step=4,
-        num_generations=4,
+        group_size=4,
         micro_batch_size=16,
         max_new_tokens=32,
         temperature=1.0,
@@ -128,7 +128,7 @@ def run_ours(
         result["gen_times"] = [line["gen_time"] for line in clock.lines[1:]]
         result["reward_times"] = [line["reward_time"] for line in clock.lines[1:]]
         result["completion_tokens"] = [
-            line["completion_length"] * settings["prompts_per_step"] * settings["num_generations"]
+            line["completion_length"] * settings["prompts_per_step"] * settings["group_size"]
             for line in clock.lines[1:]
         ]
     return result
@@ -165,7 +165,7 @@ def _trl_common(loop: str, steps: int, work: Path, settings: dict, device: str) 
             max_length=settings["max_length"],
         )
     else:
-        completions = settings["prompts_per_step"] * settings["num_generations"]
+        completions = settings["prompts_per_step"] * settings["group_size"]
         common.update(
             per_device_train_batch_size=settings["micro_batch_size"],
             gradient_accumulation_steps=completions // settings["micro_batch_size"],
@@ -248,7 +248,7 @@ def run_trl(
 
         config = GRPOConfig(
             **_trl_common(loop, steps, work, settings, device),
-            num_generations=settings["num_generations"],
+            num_generations=settings["group_size"],
             max_completion_length=settings["max_new_tokens"],
             temperature=settings["temperature"],
             top_p=1.0,

@@ -2,7 +2,7 @@
 
 Every step:
   1. take a batch of prompts (``--prompts_per_step``, shared out over the learners);
-  2. sample ``--num_generations`` completions per prompt (a group) with the current policy;
+  2. sample ``--group_size`` completions per prompt (a group) with the current policy;
   3. score them with the environment (reward 1 for the right final number, plus
      ``--format_reward_weight`` x format reward: ``common/rewards.py``);
   4. advantage of a completion = its reward minus its group's mean reward (divided by the group's
@@ -53,7 +53,11 @@ class GRPOArgs(contract.TrainingArgs):
 
     learning_rate: float = 1e-6  # the common options' defaults for GRPO (their help is TrainingArgs')
     max_steps: int = 200
-    num_generations: int = option(8, "completions sampled per prompt (the group size G)")
+    group_size: int = option(
+        8,
+        "completions sampled per prompt: the group whose mean reward is the baseline (TRL calls it num_generations)",
+        old_names=("num_generations",),
+    )
     prompts_per_step: int = option(16, "prompts per step over all learners; must divide by the number of learners")
     micro_batch_size: int = option(
         8,
@@ -108,9 +112,9 @@ class GRPOArgs(contract.TrainingArgs):
         """``world_size``: the learners, among which the prompts of a step are shared out."""
         super().validate(world_size)
         contract.require_at_least_one(self, "prompts_per_step", "max_new_tokens", "num_iterations", "micro_batch_size")
-        if self.num_generations < 2:
+        if self.group_size < 2:
             raise UserError(
-                f"--num_generations {self.num_generations}: GRPO needs at least 2 completions per prompt "
+                f"--group_size {self.group_size}: GRPO needs at least 2 completions per prompt "
                 "(the group is the baseline)."
             )
         if self.prompts_per_step % world_size:
@@ -118,11 +122,11 @@ class GRPOArgs(contract.TrainingArgs):
                 f"--prompts_per_step {self.prompts_per_step} must be a multiple of the number of learners "
                 f"({world_size})."
             )
-        completions = self.prompts_per_step // world_size * self.num_generations
+        completions = self.prompts_per_step // world_size * self.group_size
         if completions % self.micro_batch_size:
             raise UserError(
                 f"--micro_batch_size {self.micro_batch_size} must divide the completions per learner and "
-                f"step (--prompts_per_step / learners x --num_generations = {completions})."
+                f"step (--prompts_per_step / learners x --group_size = {completions})."
             )
         if self.temperature <= 0:
             raise UserError(
@@ -320,14 +324,14 @@ def rollout_rows(prompt_rows, completion_ids, pad_token_id: int, device) -> tupl
 # --------------------------------------------------------------------------- metrics
 
 
-def reward_sums(scores: list[dict], rewards: torch.Tensor, num_generations: int) -> dict[str, float]:
+def reward_sums(scores: list[dict], rewards: torch.Tensor, group_size: int) -> dict[str, float]:
     """This learner's sums behind the reward metrics: completions; those with a reward (an LLM judge
     that failed gives NaN), their rewards and squared rewards; the environment's ``correct`` and
     ``format_reward`` where it gives them; groups, and those whose rewards are all equal."""
     correct = [float(s["correct"]) for s in scores if "correct" in s]
     formats = [float(s["format_reward"]) for s in scores if "format_reward" in s]
     rewarded = ~rewards.isnan()
-    groups = rewards.view(-1, num_generations).tolist()
+    groups = rewards.view(-1, group_size).tolist()
     return {
         "completions": len(scores),
         "rewarded": rewarded.sum(),
@@ -337,7 +341,7 @@ def reward_sums(scores: list[dict], rewards: torch.Tensor, num_generations: int)
         "correct": sum(correct),
         "formatted": len(formats),
         "format_reward": sum(formats),
-        "groups": len(scores) // num_generations,
+        "groups": len(scores) // group_size,
         "zero_std_groups": sum(is_flat([r for r in group if not math.isnan(r)]) for group in groups),
     }
 
@@ -419,7 +423,7 @@ def step_log_line(
     This learner's sums (``reward_sums``, ``update_sums``, ``times``: seconds per phase) are added up
     over the learners in one all-reduce, then turned into means. Called on every learner."""
     sums = {
-        **reward_sums(scores, rewards, args.num_generations),
+        **reward_sums(scores, rewards, args.group_size),
         **update_sums(update, attention_mask, mask, args.num_iterations),
         **times,
     }
@@ -472,7 +476,7 @@ def train(args: GRPOArgs, env: Environment, learners: distributed.Learners) -> b
     logger = run.start()
     log.info(
         "GRPO: %d examples, %d prompts x %d completions per step, %d learner(s), steps %d..%d",
-        *(len(examples), args.prompts_per_step, args.num_generations, learners.world_size, run.start_step + 1),
+        *(len(examples), args.prompts_per_step, args.group_size, learners.world_size, run.start_step + 1),
         args.max_steps,
     )
 
@@ -480,22 +484,22 @@ def train(args: GRPOArgs, env: Environment, learners: distributed.Learners) -> b
         # ---- 1. this learner's prompts, and 2. a group of completions per prompt
         indices = batch_order.next()[learners.rank * prompts_per_learner : (learners.rank + 1) * prompts_per_learner]
         started = time.perf_counter()
-        completion_ids, completion_texts = generator.generate([prompts[i] for i in indices], args.num_generations)
+        completion_ids, completion_texts = generator.generate([prompts[i] for i in indices], args.group_size)
         times = {"gen_time": time.perf_counter() - started}
 
         # ---- 3. rewards from the environment
         started = time.perf_counter()
-        scores = env.score([examples[i] for i in indices for _ in range(args.num_generations)], completion_texts)
+        scores = env.score([examples[i] for i in indices for _ in range(args.group_size)], completion_texts)
         rewards = torch.tensor(rewards_of(scores, completion_texts, env, args.format_reward_weight))
         times["reward_time"] = time.perf_counter() - started
 
         # ---- 4. group-relative advantages (a group never spans learners); an unscored sample gets 0
-        advantages, _ = group_advantages_excluding(rewards.tolist(), args.num_generations, args.scale_rewards)
+        advantages, _ = group_advantages_excluding(rewards.tolist(), args.group_size, args.scale_rewards)
         advantages = torch.tensor(advantages, dtype=torch.float32, device=learners.device)
 
         # ---- 5. the policy update on prompt + completion rows
         started = time.perf_counter()
-        prompt_rows = [prompts[i] for i in indices for _ in range(args.num_generations)]
+        prompt_rows = [prompts[i] for i in indices for _ in range(args.group_size)]
         input_ids, attention_mask, mask = rollout_rows(
             prompt_rows, completion_ids, tokenizer.pad_token_id, learners.device
         )

@@ -40,9 +40,9 @@ def loss_config(loss_fn: str) -> dict | None:
     return PPO_CLIP if loss_fn == "ppo" else None
 
 
-def draw_problems(problems: list[dict], n: int, seed: int, step: int) -> list[dict]:
-    """Step ``step``'s ``n`` problems, a function of (seed, step) alone."""
-    return random.Random(seed * 1_000_003 + step).sample(problems, n)
+def draw_problems(problems: list[dict], prompts_per_step: int, seed: int, step: int) -> list[dict]:
+    """Step ``step``'s ``prompts_per_step`` problems, a function of (seed, step) alone."""
+    return random.Random(seed * 1_000_003 + step).sample(problems, prompts_per_step)
 
 
 def sampling_params(temperature: float, stop: list[str] | None, seed: int, step: int):

@@ -81,7 +81,7 @@ def sampling_settings(model, config: GenerationConfig):
 
 
 class HFGenerator:
-    """Completions of token-id prompts: ``generate(prompts, num_generations, greedy)``.
+    """Completions of token-id prompts: ``generate(prompts, group_size, greedy)``.
 
     ``temperature`` and ``top_p`` shape the sampling (``greedy=True`` ignores them); a completion
     ends at the first of ``stop_ids`` (default: the model's and tokenizer's end-of-sequence ids),
@@ -120,11 +120,11 @@ class HFGenerator:
 
     @torch.no_grad()
     def generate(
-        self, prompts: list[list[int]], num_generations: int = 1, greedy: bool = False
+        self, prompts: list[list[int]], group_size: int = 1, greedy: bool = False
     ) -> tuple[list[list[int]], list[str]]:
-        """``num_generations`` completions per prompt, ordered prompt by prompt: token ids (ending with
+        """``group_size`` completions per prompt, ordered prompt by prompt: token ids (ending with
         the stop token when the model stopped) and decoded text."""
-        rows = [ids for ids in prompts for _ in range(num_generations)]
+        rows = [ids for ids in prompts for _ in range(group_size)]
         input_ids, attention_mask = pad_rows(rows, self.tokenizer.pad_token_id, left=True, device=self.learners.device)
         model = distributed.unwrap(self.model)
         was_training = model.training

@@ -22,7 +22,7 @@ def run(command: list[str], env: dict[str, str], timeout: int = 240) -> subproce
 HYPERPARAMETERS = {
     "max_steps": 2,
     "prompts_per_step": 2,
-    "num_generations": 2,
+    "group_size": 2,
     "micro_batch_size": 2,
     "max_new_tokens": 16,
     "judge_workers": 1,
@@ -124,7 +124,7 @@ def test_a_failing_judge_fails_the_learner_without_hanging(tmp_path):
         (["--judge_timeout", "-5"], "--judge_timeout must be positive, got -5.0 (seconds)."),
         (["--memory_limit_mb", "0"], "--memory_limit_mb must be at least 1, got 0."),
         (["--max_tests", "-1"], "--max_tests cannot be negative, got -1"),
-        (["--num_generations", "1"], "at least 2 completions"),  # GRPO's own checks hold too
+        (["--group_size", "1"], "at least 2 completions"),  # GRPO's own checks hold too
     ],
 )
 def test_bad_judging_options_are_refused(options, message):
@@ -143,5 +143,5 @@ def test_help_lists_the_grpo_and_judging_options(capsys):
         code_rl.parse_args(["--help"])
     grpo_part, judging = capsys.readouterr().out.split("\nGRPO:\n")[1].split("\njudging:\n")
     judging = " ".join(judging.split())  # as one line, whatever the terminal's width
-    assert "--num_generations" in grpo_part and "--reward_mode {fraction,all_or_nothing}" in judging
+    assert "--group_size" in grpo_part and "--reward_mode {fraction,all_or_nothing}" in judging
     assert "--self_test SELF_TEST attack the sandbox" in judging and "if any escapes (default: True)" in judging

@@ -19,10 +19,10 @@ def test_batched_greedy_generation_equals_one_prompt_at_a_time(tiny_model_path):
         model, tokenizer, max_new_tokens=6, temperature=1.0, learners=distributed.single_learner("cpu")
     )
     prompts = [tokenizer(text)["input_ids"] for text in ("Natalia sold", "How many apples does Weng have left", "7")]
-    batched_ids, batched_texts = generator.generate(prompts, num_generations=2, greedy=True)
+    batched_ids, batched_texts = generator.generate(prompts, group_size=2, greedy=True)
     assert len(batched_ids) == 6
     for index, prompt in enumerate(prompts):
-        alone_ids, alone_texts = generator.generate([prompt], num_generations=1, greedy=True)
+        alone_ids, alone_texts = generator.generate([prompt], group_size=1, greedy=True)
         assert batched_ids[2 * index] == batched_ids[2 * index + 1] == alone_ids[0]
         assert batched_texts[2 * index] == alone_texts[0]
     assert model.generation_config.top_k != 0  # the model's own settings are back after the call
@@ -38,7 +38,7 @@ def test_sampling_stops_at_the_stop_token_and_keeps_it(tiny_model_path):
     # after a few tokens, at different lengths.
     generator.stop_ids = sorted(set(range(0, len(tokenizer), 3)) | {tokenizer.eos_token_id})
     torch.manual_seed(0)
-    ids, texts = generator.generate([prompt], num_generations=16)
+    ids, texts = generator.generate([prompt], group_size=16)
     assert len(ids) == 16 and any(len(row) < 12 for row in ids) and len({len(row) for row in ids}) > 1
     for row in ids:
         assert not set(generator.stop_ids) & set(row[:-1])  # nothing is kept after a stop token
@@ -55,7 +55,7 @@ def test_sampling_stops_at_the_end_of_a_stop_string_and_keeps_it(tiny_model_path
         model, tokenizer, max_new_tokens=16, stop_strings=["th"], learners=distributed.single_learner("cpu")
     )
     torch.manual_seed(0)
-    ids, texts = generator.generate([tokenizer("Pick")["input_ids"]], num_generations=16)
+    ids, texts = generator.generate([tokenizer("Pick")["input_ids"]], group_size=16)
     stopped = [row for row in ids if "th" in tokenizer.decode(row)]
     assert stopped and len(stopped) < 16 and len({len(row) for row in stopped}) > 1
     for row in ids:

@@ -25,7 +25,7 @@ GRPO_OPTIONS = [
     "6",
     "--prompts_per_step",
     "2",
-    "--num_generations",
+    "--group_size",
     "4",
     "--micro_batch_size",
     "4",
@@ -247,7 +247,7 @@ def test_two_learners_under_torchrun(tiny_model_path, offline_data, tmp_path, st
         "2",
         "--prompts_per_step",
         "2",
-        "--num_generations",
+        "--group_size",
         "4",
         "--micro_batch_size",
         "2",
@@ -290,7 +290,7 @@ def test_bad_data_row_fails_with_reason(tiny_model_path, tmp_path):
     [
         (["--micro_batch_size", "3"], "--micro_batch_size 3 must divide"),
         (["--prompts_per_step", "3"], "--prompts_per_step 3 must be a multiple of the number of learners (2)"),
-        (["--num_generations", "1"], "at least 2 completions"),
+        (["--group_size", "1"], "at least 2 completions"),
         (["--temperature", "0"], "--temperature must be positive"),
         (["--micro_batch_size", "0"], "--micro_batch_size must be at least 1, got 0."),  # not a ZeroDivisionError
         (["--log_every", "0"], "--log_every must be at least 1, got 0."),
@@ -301,7 +301,7 @@ def test_bad_options_are_refused_with_the_option_named(options, message):
     from common import distributed
     from common.contract import UserError
 
-    args = grpo.parse_args(["--prompts_per_step", "4", "--num_generations", "4", *options])
+    args = grpo.parse_args(["--prompts_per_step", "4", "--group_size", "4", *options])
     learners = distributed.Learners(rank=0, world_size=2, local_rank=0, device=torch.device("cpu"))
     with pytest.raises(UserError, match=re.escape(message)):
         args.validate(learners.world_size)
@@ -311,8 +311,8 @@ def test_unknown_hyperparameter_is_refused():
     import grpo
     from common.contract import UserError
 
-    with pytest.raises(UserError, match="num_generations"):
-        grpo.parse_args(["--num_generation", "4"])
+    with pytest.raises(UserError, match="group_size"):
+        grpo.parse_args(["--group_sizes", "4"])
 
 
 def test_evaluate_end_to_end(tiny_model_path, offline_data, tmp_path):

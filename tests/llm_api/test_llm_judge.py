@@ -186,7 +186,7 @@ def test_grpo_job_mixes_the_judge_with_the_checker_and_leaves_out_what_it_could_
     with FaultProxy(llm_server.base_url.removesuffix("/v1"), replies) as proxy:
         env = container_env(tmp_path, {"train": offline_data["gsm8k"]})
         env["OPENAI_API_KEY"] = marker
-        options = ["--max_steps", "2", "--prompts_per_step", "2", "--num_generations", "4", "--micro_batch_size", "4"]
+        options = ["--max_steps", "2", "--prompts_per_step", "2", "--group_size", "4", "--micro_batch_size", "4"]
         options += ["--max_new_tokens", "12", "--learning_rate", "1e-3", "--seed", "3", "--checkpoint_every", "0"]
         done = run_script(
             ["python", "grpo.py", "--model_name_or_path", str(tiny_model_path), *options,

@@ -37,7 +37,7 @@ PROGRAM = "```python\nwhile 1:0\n```"
 HYPERPARAMETERS = {
     "max_steps": 3,
     "prompts_per_step": 2,
-    "num_generations": 2,
+    "group_size": 2,
     "micro_batch_size": 2,
     "max_new_tokens": 16,
     "temperature": 0.1,

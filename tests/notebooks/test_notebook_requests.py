@@ -127,7 +127,7 @@ CLOUD = {
         checkpoint=True,
         max_run=8 * 3600,
         program="grpo.py",
-        options={"max_steps": 200, "prompts_per_step": 64, "num_generations": 8, "max_new_tokens": 512},
+        options={"max_steps": 200, "prompts_per_step": 64, "group_size": 8, "max_new_tokens": 512},
     ),
     "04": dict(
         image=PYTORCH_IMAGE,
@@ -139,7 +139,7 @@ CLOUD = {
         checkpoint=False,
         max_run=8 * 3600,
         program="code_rl.py",
-        options={"max_steps": 100, "prompts_per_step": 32, "num_generations": 8},
+        options={"max_steps": 100, "prompts_per_step": 32, "group_size": 8},
     ),
     "05": dict(
         image=PYTORCH_IMAGE,

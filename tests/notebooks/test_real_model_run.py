@@ -119,7 +119,7 @@ def test_session_dpo_on_the_real_model_separates_held_out_pairs(smollm2_run):
     margin 0.12 -> 2.74; on 32 held-out pairs reward accuracy 1.00 and margin 3.31 ± 0.13 after (both
     exactly 0 before: the reference is the session's own forward before the first step)."""
     (record,) = [s for s in smollm2_run.summary["training_sessions"] if s["notebook"].startswith("12")]
-    assert record["status"] == "Stopped" and record["steps"] == PROFILE["12"]["steps"]
+    assert record["status"] == "Stopped" and record["steps"] == PROFILE["12"]["max_steps"]
     preference = record["preference"]
     assert preference["accuracy"]["last_quarter"] > preference["accuracy"]["first_quarter"] + 0.2, preference
     assert preference["margin"]["last_quarter"] > preference["margin"]["first_quarter"] + 1.0, preference
@@ -135,7 +135,7 @@ def test_session_grpo_on_the_real_model_raises_held_out_accuracy_beyond_its_nois
     problems 0.25 -> 0.59, a paired change of +0.34 +- 0.12, in both; reward 0.24 -> 0.61 and 0.25 -> 0.32
     (first -> last third of 10 steps). In fp32: 0.25 -> 0.66 (+0.41 +- 0.11)."""
     (record,) = [s for s in smollm2_run.summary["training_sessions"] if s["notebook"].startswith("08")]
-    assert record["status"] == "Stopped" and record["steps"] == PROFILE["08"]["steps"]
+    assert record["status"] == "Stopped" and record["steps"] == PROFILE["08"]["max_steps"]
     held_out = record["held_out"]
     gain = held_out["after"] - held_out["before"]
     assert gain >= 0.15 and gain >= 2 * held_out["change_standard_error"], held_out
@@ -152,7 +152,7 @@ def test_session_sft_on_the_real_model_lowers_held_out_loss_beyond_its_noise(smo
     """SFT on a training session (notebook 07, LoRA). Measured with the profile's sizes: held-out loss per
     answer token on 19 conversations 1.08 +- 0.10 -> 0.32 +- 0.08 (fp32: 0.29 +- 0.08)."""
     (record,) = [s for s in smollm2_run.summary["training_sessions"] if s["notebook"].startswith("07")]
-    assert record["status"] == "Stopped" and record["steps"] == PROFILE["07"]["steps"]
+    assert record["status"] == "Stopped" and record["steps"] == PROFILE["07"]["max_steps"]
     before, after = record["held_out_loss"]["before"], record["held_out_loss"]["after"]
     assert before["loss"] - after["loss"] > 2 * (before["standard_error"] + after["standard_error"]), (before, after)
 
@@ -165,7 +165,7 @@ def test_session_code_rl_on_the_real_model_raises_the_held_out_pass_rate_beyond_
     0.07 and +0.44 +- 0.08; tests passed by the sampled programs 0.21 -> 0.39 and 0.21 -> 0.43 (first ->
     last quarter)."""
     (record,) = [s for s in smollm2_run.summary["training_sessions"] if s["notebook"].startswith("09")]
-    assert record["status"] == "Stopped" and record["steps"] == PROFILE["09"]["steps"]
+    assert record["status"] == "Stopped" and record["steps"] == PROFILE["09"]["max_steps"]
     held_out = record["held_out"]
     assert (
         held_out["problems"] == PROFILE["09"]["held_out_problems"]

@@ -231,7 +231,7 @@ def _record(notebook_run, prefix: str) -> dict:
 def test_session_sft_lowers_the_loss_and_is_billed(notebook_run):
     record = _record(notebook_run, "07")
     assert record["status"] == "Stopped"  # stopped at the end
-    assert record["steps"] == training_session_notebooks.CI_PARAMETERS["07"]["steps"]
+    assert record["steps"] == training_session_notebooks.CI_PARAMETERS["07"]["max_steps"]
     first, last = record["first_loss"], record["final_metrics"]["loss"]
     assert last < first - 0.3, (first, last)
     held_out = record["held_out_loss"]
@@ -274,7 +274,7 @@ def test_session_grpo_resumed_with_its_optimizer_repeats_the_steps_and_without_i
 def test_session_code_rl_judges_every_step_in_the_sandbox_while_sampling(notebook_run):
     record = _record(notebook_run, "09")
     assert record["status"] == "Stopped"
-    assert record["steps"] == training_session_notebooks.CI_PARAMETERS["09"]["steps"]
+    assert record["steps"] == training_session_notebooks.CI_PARAMETERS["09"]["max_steps"]
     assert 0 < record["no_code_rate"]["first_quarter"] < 1  # some completions hold a program, some not
     final = record["final_metrics"]
     assert {"accepted_rate", "wrong_answer_rate", "runtime_error_rate", "pass_rate", "judge_time"} <= set(final)
@@ -304,7 +304,7 @@ def test_raw_api_notebook_steps_with_sequence_numbers_and_deletes_its_session(no
     assert ran["10_training_session_boto3.ipynb"]["status"] == "ok", ran["10_training_session_boto3.ipynb"]
     executed = nbformat.read(notebook_run.out / "notebooks" / "10_training_session_boto3.ipynb", as_version=4)
     text = "".join(o.get("text", "") for c in executed.cells if c.cell_type == "code" for o in c.outputs)
-    steps = training_session_notebooks.CI_PARAMETERS["10"]["steps"]
+    steps = training_session_notebooks.CI_PARAMETERS["10"]["max_steps"]
     losses = [float(line.split("loss per answer token ")[1]) for line in text.splitlines() if "loss per answer" in line]
     assert len(losses) == steps and losses[-1] < losses[0], losses
     assert f"LastReceivedSequenceNumber {2 * steps}" in text  # the retried client token ran nothing new
@@ -314,7 +314,7 @@ def test_raw_api_notebook_steps_with_sequence_numbers_and_deletes_its_session(no
 def test_session_dpo_raises_preference_accuracy_and_margin(notebook_run):
     record = _record(notebook_run, "12")
     assert record["status"] == "Stopped"  # stopped in the loop cell's finally
-    assert record["steps"] == training_session_notebooks.CI_PARAMETERS["12"]["steps"]
+    assert record["steps"] == training_session_notebooks.CI_PARAMETERS["12"]["max_steps"]
     preference = record["preference"]
     accuracy, margin = preference["accuracy"], preference["margin"]
     # Measured with the CI parameters (16 steps of 16 pairs, lr 3e-3), first quarter -> last quarter of the steps:
