@@ -14,9 +14,9 @@ A step, as notebook 16 writes it, is GRPO's (``grpo.py``) with another source of
   5.   ``forward_backward(loss_fn="importance_sampling")`` and ``optim_step``.
 
 The teacher is scored in the student's own session: ``create_sampling_client(model_package_arn)`` on a
-checkpoint of the same base model (another session's ``save_state``). Per-token log-probs compare only
-over the same tokens, so ``open_teacher`` refuses a teacher whose tokenizer is not the student's before
-any step.
+checkpoint of the same base model (another session's ``save_state``); the service refuses a checkpoint
+of another base model (ValidationException). Per-token log-probs compare only over the same tokens, so
+``open_teacher`` refuses a teacher whose tokenizer is not the student's before any step.
 """
 
 from __future__ import annotations
