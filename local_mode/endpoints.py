@@ -89,6 +89,7 @@ class Hosting:
     def __init__(self, aws):
         self.region = aws.region
         self.s3 = aws.s3
+        self._catch_up = aws.catch_up  # model data another local-mode process wrote (a notebook's job)
         self.root = aws.storage.root / "hosting"
         for folder in (*_KINDS.values(), "model-data", "logs"):
             (self.root / folder).mkdir(parents=True, exist_ok=True)
@@ -154,6 +155,7 @@ class Hosting:
     def _check_model_data(self, source: dict) -> None:
         bucket, key = _split_s3(source["S3Uri"])
         try:
+            self._catch_up(bucket, key)
             if source["compressed"]:
                 self.s3.head_object(Bucket=bucket, Key=key)
                 return

@@ -137,6 +137,35 @@ class LocalAWS:
             keys += [item["Key"] for item in page.get("Contents", [])]
         return keys
 
+    def catch_up(self, bucket: str, prefix: str) -> int:
+        """Load the objects under ``s3://bucket/prefix`` that another local-mode process wrote to disk
+        after this one restored S3 (a notebook kernel's training job beside the training-session
+        service): on AWS every client sees one S3. Returns how many objects were new or changed here."""
+        base = self.storage.root / "s3" / bucket
+        folder = base / prefix if prefix.endswith("/") or not prefix else (base / prefix).parent
+        if not folder.resolve().is_relative_to((self.storage.root / "s3").resolve()) or not folder.is_dir():
+            return 0
+        on_disk = {
+            path.relative_to(base).as_posix(): path
+            for path in folder.rglob("*")
+            if path.is_file() and not path.name.startswith(".")
+        }
+        on_disk = {key: path for key, path in on_disk.items() if key.startswith(prefix)}
+        if not on_disk:
+            return 0
+        here = {}
+        try:
+            for page in self._quiet_s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
+                here.update((item["Key"], item["Size"]) for item in page.get("Contents", []))
+        except self._quiet_s3.exceptions.NoSuchBucket:
+            self.create_bucket(bucket, client=self._quiet_s3)
+        loaded = 0
+        for key, path in on_disk.items():
+            if here.get(key) != path.stat().st_size:
+                self._quiet_s3.put_object(Bucket=bucket, Key=key, Body=path.read_bytes())
+                loaded += 1
+        return loaded
+
     # ---- logs and metrics ------------------------------------------------------------------------
     def _ensure_log_group(self) -> None:
         if not self._log_groups_made:

@@ -472,12 +472,24 @@ class RequestRouter:
         headers = {k: v for k, v in headers.items() if k.lower() != "host"}
         headers["Host"] = host
         request = AWSPreparedRequest(method, f"https://{host}{path}", headers, body, stream_output=False)
+        if service == "s3" and method in ("GET", "HEAD"):
+            self._catch_up(path)
         status, out_headers, out_body = self.moto.process_request(request)
         if isinstance(out_body, str):
             out_body = out_body.encode()
         if service == "s3" and status < 300:
             self._mirror(method, path)
         return status, dict(out_headers), out_body or b""
+
+    def _catch_up(self, path: str) -> None:
+        """Before a read: the objects another local-mode process wrote to disk since this one started (a
+        notebook kernel's training job), so that every client sees one S3, as on AWS."""
+        parts = urlsplit(path)
+        bucket, _, key = unquote(parts.path).lstrip("/").partition("/")
+        if not key:  # a listing: its prefix (a whole bucket is not scanned on every request)
+            key = parse_qs(parts.query).get("prefix", [""])[0]
+        if bucket and key:
+            self.aws.catch_up(bucket, key)
 
     def _mirror(self, method: str, path: str) -> None:
         parts = urlsplit(path)

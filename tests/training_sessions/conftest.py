@@ -59,6 +59,15 @@ def clients(endpoint):
     )
 
 
+def create_endpoint(sagemaker, name: str, container: dict, instance_type: str = "ml.g5.xlarge") -> None:
+    """A model, an endpoint configuration and an endpoint, all named ``name``, through raw boto3; the
+    endpoint is Creating when this returns."""
+    sagemaker.create_model(ModelName=name, ExecutionRoleArn=ROLE, PrimaryContainer=container)
+    variant = {"VariantName": "AllTraffic", "ModelName": name, "InstanceType": instance_type, "InitialInstanceCount": 1}
+    sagemaker.create_endpoint_config(EndpointConfigName=name, ProductionVariants=[variant])
+    sagemaker.create_endpoint(EndpointName=name, EndpointConfigName=name)
+
+
 def send(endpoint, method: str, path: str, body: bytes = b"", headers: dict | None = None, credentials=None):
     """One HTTP request as a client would send it, signed with SigV4 by botocore's own signer (with the
     endpoint's credentials unless others are given; ``credentials=False`` sends it unsigned), whatever

@@ -31,7 +31,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from local_mode.tiny_model import tiny_model_dir
 
-from .conftest import ROLE, boto3_session
+from .conftest import boto3_session, create_endpoint
 from .test_session_api_boto3 import create, datum, result
 
 IMAGE = "763104351884.dkr.ecr.us-east-1.amazonaws.com/huggingface-pytorch-tgi-inference:2.7.0-tgi3.3.6-gpu-py311-cu124-ubuntu22.04"
@@ -81,24 +81,8 @@ def served(endpoint, clients, tmp_path_factory):
 
     sagemaker = aws.client("sagemaker", endpoint_url=endpoint.url)
     model = endpoint_name = f"{name}-merged"
-    sagemaker.create_model(
-        ModelName=model,
-        ExecutionRoleArn=ROLE,
-        PrimaryContainer={
-            "Image": IMAGE,
-            "ModelDataSource": {
-                "S3DataSource": {"S3Uri": f"{uri}hf_merged/", "S3DataType": "S3Prefix", "CompressionType": "None"}
-            },
-        },
-    )
-    variant = {
-        "VariantName": "AllTraffic",
-        "ModelName": model,
-        "InstanceType": "ml.g5.xlarge",
-        "InitialInstanceCount": 1,
-    }
-    sagemaker.create_endpoint_config(EndpointConfigName=model, ProductionVariants=[variant])
-    sagemaker.create_endpoint(EndpointName=endpoint_name, EndpointConfigName=model)
+    merged = {"S3DataSource": {"S3Uri": f"{uri}hf_merged/", "S3DataType": "S3Prefix", "CompressionType": "None"}}
+    create_endpoint(sagemaker, endpoint_name, {"Image": IMAGE, "ModelDataSource": merged})
     try:
         sagemaker.get_waiter("endpoint_in_service").wait(
             EndpointName=endpoint_name, WaiterConfig={"Delay": 1, "MaxAttempts": 300}
