@@ -386,6 +386,32 @@ class EndpointUsers:
             self._stop()
 
 
+# A notebook that reads what a notebook of the other lane makes starts once that one has finished (or
+# will not run): notebook 14 deploys the model of notebook 03's training job.
+WAITS_FOR = {"14": ("03",)}
+
+
+class Finished:
+    """The notebooks of a run that have finished, or will not run (their lane ended early), for a lane
+    whose next notebook waits for one of the other lane's (``WAITS_FOR``)."""
+
+    def __init__(self, selected: list[Path]) -> None:
+        self._selected = {notebook.name[:2] for notebook in selected}
+        self._done: set[str] = set()
+        self._changed = threading.Condition()
+
+    def add(self, notebooks: list[Path]) -> None:
+        with self._changed:
+            self._done |= {notebook.name[:2] for notebook in notebooks}
+            self._changed.notify_all()
+
+    def wait_for(self, notebook: Path) -> None:
+        """Until the notebooks ``notebook`` waits for, those this run runs, have finished."""
+        needed = set(WAITS_FOR.get(notebook.name[:2], ())) & self._selected
+        with self._changed:
+            self._changed.wait_for(lambda: needed <= self._done)
+
+
 def lanes(selected: list[Path]) -> list[list[Path]]:
     """The notebooks as lanes that run side by side once notebook 00 has prepared the data; each lane
     runs in order. The training-job notebooks are one lane: 02-06 start from 01's model, and local
@@ -424,6 +450,7 @@ def run(out: Path, only: list[str] | None = None, cell_timeout: int | None = Non
     # The session endpoint holds its models from the first notebook that starts it until the last that
     # uses it has run: its lane is not always the one that ends last (notebook 11's job needs it too).
     endpoint_users = EndpointUsers(selected, stop_endpoint)
+    finished = Finished(selected)
     results = []
     started = time.monotonic()
 
@@ -432,15 +459,18 @@ def run(out: Path, only: list[str] | None = None, cell_timeout: int | None = Non
             return run_in_order(lane, yielding)
         finally:
             endpoint_users.done(lane)  # those after a failure never run
+            finished.add(lane)
 
     def run_in_order(lane: list[Path], yielding: bool) -> bool:
         for notebook in lane:
+            finished.wait_for(notebook)
             print(f"[{number[notebook]}/{len(selected)}] {notebook.name} ...", flush=True)
             if set_here[CPU_PRECISION_VARIABLE] and not is_session_notebook(notebook):
                 # the kernel, and the local-mode hosts of its jobs, inherit it (one job notebook at a time)
                 os.environ[CPU_PRECISION_VARIABLE] = "bf16" if notebook.name[:2] in bf16_jobs else "no"
             entry = execute(notebook, out, work_dir, model, cell_timeout, yielding)
             endpoint_users.done([notebook])
+            finished.add([notebook])
             results.append(entry)
             line = f"[{number[notebook]}/{len(selected)}] {notebook.name} {entry['status']} ({entry['seconds']:.0f} s)"
             if entry["status"] != "ok":

@@ -577,6 +577,33 @@ def test_lanes_run_side_by_side_after_00_and_a_failure_ends_only_its_lane(tmp_pa
     assert "2 lanes side by side: 01, 02, 03; 07, 08)" in run_notebooks.render_markdown(summary)
 
 
+@pytest.mark.parametrize("fails", [None, "02"])
+def test_notebook_14_starts_once_03_of_the_other_lane_has_finished_or_will_not_run(tmp_path, monkeypatch, fails):
+    """14 deploys 03's job model: it waits for 03 however long the job lane takes, and runs anyway (saying
+    to run 03 first) when a failure before 03 ended the job lane."""
+    from tools import run_notebooks
+
+    spans = {}
+
+    def fake_execute(notebook, out, work_dir, model, cell_timeout, yielding=False):
+        started = time.monotonic()
+        time.sleep(1.0 if notebook.name[:2] in ("01", "02", "03") else 0.05)  # the job lane is the slow one
+        spans[notebook.name[:2]] = (started, time.monotonic())
+        status = "failed" if notebook.name[:2] == fails else "ok"
+        return {"notebook": notebook.name, "status": status, "seconds": 0.0, "cell": "", "error": "on purpose"}
+
+    monkeypatch.setattr(run_notebooks, "execute", fake_execute)
+    monkeypatch.setattr(run_notebooks, "prepare_environment", lambda out: {})
+    monkeypatch.setattr(run_notebooks.session_service, "stop_service", lambda root, *args, **kwargs: None)
+    run_notebooks.run(tmp_path, only=["00", "01", "02", "03", "08", "14"])
+    assert "14" in spans
+    if fails is None:
+        assert spans["03"][1] <= spans["14"][0]
+    else:
+        assert "03" not in spans and spans["02"][1] <= spans["14"][0]
+    assert spans["08"][0] < spans["01"][1]  # the rest of the session lane does not wait
+
+
 def test_the_notebooks_of_the_sdk_v3_kernel_use_the_session_endpoint_whichever_lane_they_are_in():
     from tools import run_notebooks
 
