@@ -12,6 +12,8 @@ Sections, each in its own process so each peak RSS is its own:
   time_to_quality  GRPO to a held-out target: grpo.py, LoRA, the session, TRL (``bench.time_to_quality``)
   tinker_peer the session service vs SkyRL's Tinker API server (``bench.tinker_peer``)
   llm_client  judged answers/s through the LLM client at concurrency 1, 4, 16, and its cache (``bench.llm_client``)
+  serving     served tokens/s and p50/p99 latency at 1, 4, 16 requests in flight: a session's sample and a local
+              endpoint against transformers serve; tiny and SmolLM2 when installed (``bench.serving``)
 Every training and generation run uses one torch thread (see ``bench.train_steps``).
 The table goes to stdout and to ``outputs/bench/cpu_benchmarks.md`` (rows also as ``.json``).
 
@@ -47,6 +49,7 @@ SECTIONS = (
     "sampling",
     "precision",
     "llm_client",
+    "serving",
     "time_to_quality",
     "tinker_peer",
 )
@@ -190,6 +193,13 @@ def llm_client_rows(quick: bool) -> list[Row]:
     return llm_client.measure(answers=16 if quick else 32)
 
 
+def serving_rows(quick: bool) -> list[Row]:
+    from bench import serving
+
+    models = ["tiny"] if quick else ["tiny", "smollm2"]  # smollm2 is skipped when its wheel is not installed
+    return serving.measure(models, prompt_count=16 if quick else None)  # 16: as many as the most in flight
+
+
 RUNNERS = {
     "steps": steps_rows,
     "generation": generation_rows,
@@ -201,6 +211,7 @@ RUNNERS = {
     "time_to_quality": time_to_quality_rows,
     "tinker_peer": tinker_peer_rows,
     "llm_client": llm_client_rows,
+    "serving": serving_rows,
 }
 
 
@@ -257,8 +268,9 @@ def main(argv: list[str] | None = None) -> Path | None:
     rows = []
     for name in args.sections:
         print(f"[{name}]", flush=True)
-        # GRPO to a target on SmolLM2 takes far longer than a section of step times.
-        rows += run_section(name, args.quick, timeout=7200 if name == "time_to_quality" else 1200)
+        # GRPO to a target on SmolLM2 takes far longer than a section of step times; serving sends SmolLM2's
+        # prompts nine times (three servers, three levels) at a few tokens/s.
+        rows += run_section(name, args.quick, timeout={"time_to_quality": 7200, "serving": 3600}.get(name, 1200))
     machine = machine_description()
     text = (
         f"# CPU benchmarks{' (quick)' if args.quick else ''}\n\n"
