@@ -833,7 +833,7 @@ def render_markdown(summary: dict) -> str:
 
 def render_teacher_and_judge(result: dict) -> list[str]:
     """Notebook 13's figures: held-out accuracy of SFT on the teacher's data and on the original
-    solutions, and the pairwise judge's win rate of the first against the base model."""
+    solutions, the pairwise judge judged, and its win rate of the first against the base model."""
     if not result:
         return []
     lines = ["", "## Teacher and judge (notebook 13)", ""]
@@ -842,12 +842,13 @@ def render_teacher_and_judge(result: dict) -> list[str]:
             f"- SFT on the {name} answers: held-out accuracy {accuracy['accuracy']:.3f} ± "
             f"{accuracy['standard_error']:.3f} ({accuracy['n']} problems, greedy)"
         )
-    rate = result.get("win_rate")
-    if rate:
-        from environments.llm_judge import describe_win_rate
+    rate, judge = result.get("win_rate"), result.get("judge")
+    if rate and judge:  # a run from before the judge was judged kept a rate without its figures: not shown
+        from environments.llm_judge import describe_judge, describe_win_rate
 
         names = ("SFT on the teacher's answers", "the base model")
-        lines.append(f"- judged with {result.get('pairwise_verdicts')} verdicts: {describe_win_rate(rate, *names)}")
+        lines.append(f"- the judge, with {result.get('pairwise_verdicts')} verdicts: {describe_judge(judge)}")
+        lines.append(f"- {describe_win_rate(rate, judge, *names)}")
     return lines
 
 

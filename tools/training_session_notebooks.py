@@ -160,6 +160,14 @@ def render(sessions: list[dict]) -> list[str]:
         if s.get("held_out"):
             first, *rest = held_out_lines(s["held_out"])
             lines += [f"  - {first}", *(f"    - {line}" for line in rest)]
+        for label, (accuracy, error) in (s.get("held_out_accuracy") or {}).items():  # 14's served models
+            lines.append(f"  - {label} model: held-out accuracy {accuracy:.3f} ± {error:.3f}, greedy")
+        if s.get("judge"):
+            from environments.llm_judge import describe_judge, describe_win_rate
+
+            lines.append(f"  - {describe_judge(s['judge'])}")
+            for label, rate in (s.get("win_rates") or {}).items():
+                lines.append(f"  - {describe_win_rate(rate, s['judge'], f'{label} model', 'base model')}")
         if s.get("resume"):
             resume = s["resume"]
             differences = "; ".join(f"{label} {value:.3g}" for label, value in resume["largest_difference"].items())

@@ -17,21 +17,27 @@ gives it an advantage of 0; a loop that does not exclude it fails loudly on the 
 refuses non-finite rewards) rather than training on a 0 it never earned. ``step_metrics`` reports the
 failures of each step with the client's requests, cache hits, retries and tokens.
 
-``PairwiseJudge`` compares two answers to one question, in a random order per pair (a judge tends to
-prefer the answer it reads first), and ``win_rate`` turns its verdicts into a rate with a standard error.
+``PairwiseJudge`` compares two answers to one question **in both orders**: a judge tends to prefer the
+answer it reads first, so a verdict counts only when the same answer wins with either one read first;
+when the choice follows the position instead, the pair has no verdict ("position"). The judge is judged
+before its verdicts are read (``judge_quality``): its position bias, and how often its surviving verdicts
+agree with a checker on pairs where exactly one answer is right (``reference_pairs`` builds such pairs
+from GSM8K's reference solutions). ``win_rate`` counts wins, losses and pairs without a verdict, with a
+standard error, and ``describe_win_rate`` says in words what the rate is worth: nothing, when the judge
+does not beat a coin on the checker's pairs or chooses by position.
 A judge too small to write JSON can still choose: given the token ids of "1" and "2" in its tokenizer
 (``choice_token_ids``), the pairwise judge asks for one token with ``logit_bias`` on those two, so every
-answer it can give is a verdict (no ties, no reason). A server that ignores ``logit_bias`` still fails
+answer it can give is a choice (no ties, no reason). A server that ignores ``logit_bias`` still fails
 to parse, and is counted as such.
 """
 
 from __future__ import annotations
 
 import math
-import random
 from collections.abc import Sequence
 
 from common.llm_client import LLMClient, ParseError, json_object
+from common.stats import GAIN_STANDARD_ERRORS, mean_and_standard_error
 
 MAX_SCORE = 10
 RUBRIC = (
@@ -182,7 +188,7 @@ class LLMJudgeEnvironment:
 
 
 class PairwiseJudge:
-    """Which of two answers to a question is better, each pair shown in a random order (seeded).
+    """Which of two answers to a question is better, each pair asked in both orders (see ``compare``).
 
     ``choice_token_ids``: the judge tokenizer's ids of "1" and "2" (``{"1": id, "2": id}``). With them the
     judge answers with one token, constrained to those two by ``logit_bias``; without them it writes the
@@ -192,7 +198,6 @@ class PairwiseJudge:
         self,
         client: LLMClient,
         rubric: str = RUBRIC,
-        seed: int = 0,
         max_tokens: int = 96,
         choice_token_ids: dict[str, int] | None = None,
     ):
@@ -203,7 +208,6 @@ class PairwiseJudge:
             )
         self.client = client
         self.rubric = rubric
-        self.seed = seed
         self.max_tokens = max_tokens
         self.choice_token_ids = choice_token_ids
 
@@ -214,85 +218,211 @@ class PairwiseJudge:
         bias = {str(token_id): CHOICE_BIAS for token_id in self.choice_token_ids.values()}
         return CHOICE_INSTRUCTIONS, parse_choice, {"max_tokens": 1, "temperature": 0.0, "logit_bias": bias}
 
+    def messages(self, instructions: str, question: str, one: str, two: str) -> list[dict]:
+        return [
+            {"role": "system", "content": f"{self.rubric}\n{instructions}"},
+            {"role": "user", "content": f"Question:\n{question}\n\nAnswer 1:\n{one}\n\nAnswer 2:\n{two}"},
+        ]
+
     def compare(self, questions: Sequence[str], answers_a: Sequence[str], answers_b: Sequence[str]) -> list[dict]:
-        """One verdict per question: ``winner`` "a", "b", "tie", or None when the judge failed
-        (``error`` then says why); ``a_first`` records the order the judge saw."""
+        """Every pair asked twice, A read first and B read first. One verdict per pair:
+
+        - ``a_first`` and ``b_first``: the answer the judge chose in each order, "a", "b" or "tie" (None
+          when that request failed);
+        - ``outcome``: "a" or "b" when that answer won in both orders (the verdict survived the swap);
+          "position" when the same position won both times (the choice followed the order, not the
+          answers); "tie" when the judge called a tie in either order; "failed" when either request
+          failed (``error`` says why)."""
         instructions, parse, params = self.request_parameters()
-        order = random.Random(self.seed)
-        requests, a_first = [], []
-        for question, a, b in zip(questions, answers_a, answers_b, strict=True):
-            first = order.random() < 0.5
-            one, two = (a, b) if first else (b, a)
-            a_first.append(first)
-            requests.append(
-                [
-                    {"role": "system", "content": f"{self.rubric}\n{instructions}"},
-                    {"role": "user", "content": f"Question:\n{question}\n\nAnswer 1:\n{one}\n\nAnswer 2:\n{two}"},
-                ]
-            )
+        pairs = list(zip(questions, answers_a, answers_b, strict=True))
+        requests = [self.messages(instructions, q, a, b) for q, a, b in pairs]
+        requests += [self.messages(instructions, q, b, a) for q, a, b in pairs]
         results = self.client.complete_structured_many(requests, parse, **params)
         verdicts = []
-        for first, result in zip(a_first, results, strict=True):
-            if not result.ok:
-                verdicts.append({"winner": None, "a_first": first, "error": result.error})
-                continue
-            better = result.value["better"]
-            winner = "tie" if better == 0 else ("a" if (better == 1) == first else "b")
-            verdicts.append({"winner": winner, "a_first": first, "reason": result.value["reason"]})
+        for a_read_first, b_read_first in zip(results[: len(pairs)], results[len(pairs) :], strict=True):
+            a_first, b_first = _chosen(a_read_first, "a", "b"), _chosen(b_read_first, "b", "a")
+            verdict = {"outcome": _outcome(a_first, b_first), "a_first": a_first, "b_first": b_first}
+            errors = [r.error for r in (a_read_first, b_read_first) if not r.ok]
+            if errors:
+                verdict["error"] = "; ".join(errors)
+            verdicts.append(verdict)
         return verdicts
 
 
-def win_rate(verdicts: Sequence[dict]) -> dict[str, float]:
-    """A's win rate over the verdicts the judge gave (a tie counts one half), its standard error and a
-    95 % confidence interval (normal approximation); failed verdicts are counted apart, not as losses.
-    ``chose_first``: the share of decided verdicts that went to the answer the judge read first, its
-    position bias (0.5 for a judge that reads; the random order keeps that bias out of the win rate,
-    where it adds noise instead)."""
-    outcomes = [{"a": 1.0, "b": 0.0, "tie": 0.5}[v["winner"]] for v in verdicts if v["winner"] is not None]
-    decided = [v for v in verdicts if v["winner"] in ("a", "b") and "a_first" in v]
-    n = len(outcomes)
-    result = {
-        "judged": float(n),
-        "failed": float(len(verdicts) - n),
-        "wins": float(outcomes.count(1.0)),
-        "losses": float(outcomes.count(0.0)),
-        "ties": float(outcomes.count(0.5)),
-        "chose_first": (
-            sum((v["winner"] == "a") == v["a_first"] for v in decided) / len(decided) if decided else math.nan
-        ),
-    }
-    if n == 0:
-        return {**result, "win_rate": math.nan, "standard_error": math.nan, "ci95_low": math.nan, "ci95_high": math.nan}
-    rate = sum(outcomes) / n
-    variance = sum((o - rate) ** 2 for o in outcomes) / (n - 1) if n > 1 else 0.0
-    error = math.sqrt(variance / n)
+def _chosen(result, first: str, second: str) -> str | None:
+    """The answer one order's reply chose: ``first`` for "1", ``second`` for "2", "tie" for 0."""
+    return {0: "tie", 1: first, 2: second}[result.value["better"]] if result.ok else None
+
+
+def _outcome(a_first: str | None, b_first: str | None) -> str:
+    if a_first is None or b_first is None:
+        return "failed"
+    if "tie" in (a_first, b_first):
+        return "tie"
+    return a_first if a_first == b_first else "position"
+
+
+def reference_pairs(env, problems: Sequence[dict], *model_answers: Sequence[str]) -> dict[str, list]:
+    """Pairs where exactly one answer is right, to judge a judge by: each problem's reference solution
+    (``problem["answer"]``, right by ``env``'s checker) as answer A, against the first of the models'
+    answers to it (``model_answers``: one list per model) that the checker finds wrong as answer B. One pair
+    a problem at most, so that the pairs are independent; a problem whose answers are all right gives none.
+    Returns ``questions``, ``answers_a``, ``answers_b``, ``right`` (the right answer of each pair: "a") and
+    ``problems`` (the index of each pair's problem)."""
+    references = env.score(problems, [p["answer"] for p in problems])
+    scores = [env.score(problems, answers) for answers in model_answers]
+    pairs = {"questions": [], "answers_a": [], "answers_b": [], "right": [], "problems": []}
+    for index, problem in enumerate(problems):
+        wrong = [
+            answers[index]
+            for answers, scored in zip(model_answers, scores, strict=True)
+            if not scored[index]["correct"]
+        ]
+        if references[index]["correct"] and wrong:
+            pairs["questions"].append(problem["question"])
+            pairs["answers_a"].append(problem["answer"])
+            pairs["answers_b"].append(wrong[0])
+            pairs["right"].append("a")
+            pairs["problems"].append(index)
+    return pairs
+
+
+# ---------------------------------------------------------------------- what the verdicts are worth
+
+
+def position_bias(verdicts: Sequence[dict]) -> dict[str, float]:
+    """How much the order decided: of all the orders asked (two a pair, the pairs whose requests failed
+    left out), the share in which the judge chose the answer it read first (``chose_first``) or second
+    (``chose_second``; the rest are ties), and of the pairs with a choice in both orders, the share whose
+    verdict flipped with the order (``flipped``). Standard errors over pairs: a pair's two orders are one
+    pair's, not two independent draws. A judge that reads gives about 0.5 and 0."""
+    answered = [v for v in verdicts if v["outcome"] != "failed"]
+    decided = [v for v in answered if v["outcome"] != "tie"]
+    result = {"orders": 2.0 * len(answered), "decided_pairs": float(len(decided))}
+    for name, shares in (
+        ("chose_first", [((v["a_first"] == "a") + (v["b_first"] == "b")) / 2 for v in answered]),
+        ("chose_second", [((v["a_first"] == "b") + (v["b_first"] == "a")) / 2 for v in answered]),
+        ("flipped", [float(v["outcome"] == "position") for v in decided]),
+    ):
+        share, error = mean_and_standard_error(shares) if shares else (math.nan, math.nan)
+        result |= {name: share, f"{name}_standard_error": error}
+    return result
+
+
+def judge_quality(verdicts: Sequence[dict], right: Sequence[str | None]) -> dict[str, float]:
+    """A judge judged on pairs whose right answer a checker knows (``right``: "a" or "b" for a pair where
+    exactly one answer is right, None for the others): its ``position_bias``, how many pairs were
+    ``judgeable`` and how many verdicts on them ``surviving`` the swap, the share of those that chose the
+    right answer (``agreement``) with its standard error, and a coin's standard error for that many
+    verdicts (``coin_standard_error``, sqrt(0.25 / n)): what a judge that guesses would scatter by."""
+    judgeable = [(v, r) for v, r in zip(verdicts, right, strict=True) if r in ("a", "b")]
+    agreed = [float(v["outcome"] == r) for v, r in judgeable if v["outcome"] in ("a", "b")]
+    agreement, error = mean_and_standard_error(agreed) if agreed else (math.nan, math.nan)
     return {
-        **result,
+        **position_bias(verdicts),
+        "judgeable": float(len(judgeable)),
+        "surviving": float(len(agreed)),
+        "agreement": agreement,
+        "agreement_standard_error": error,
+        "coin_standard_error": 0.5 / math.sqrt(len(agreed)) if agreed else math.nan,
+    }
+
+
+def win_rate(verdicts: Sequence[dict]) -> dict[str, float]:
+    """A's win rate over the pairs judged in both orders: a surviving verdict counts 1 (A) or 0 (B), a pair
+    without one (``ties``: flipped with the order, or a tie) one half; failed pairs are counted apart, not
+    as losses. With its standard error over pairs, and the ``position_bias`` of these verdicts."""
+    judged = [v for v in verdicts if v["outcome"] != "failed"]
+    outcomes = [{"a": 1.0, "b": 0.0}.get(v["outcome"], 0.5) for v in judged]
+    rate, error = mean_and_standard_error(outcomes) if outcomes else (math.nan, math.nan)
+    count = [v["outcome"] for v in judged].count
+    return {
+        "judged": float(len(judged)),
+        "failed": float(len(verdicts) - len(judged)),
+        "wins": float(count("a")),
+        "losses": float(count("b")),
+        "ties": float(count("position") + count("tie")),
+        "no_verdict_position": float(count("position")),
+        "no_verdict_tie": float(count("tie")),
         "win_rate": rate,
         "standard_error": error,
-        "ci95_low": max(0.0, rate - 1.96 * error),
-        "ci95_high": min(1.0, rate + 1.96 * error),
+        **position_bias(verdicts),
     }
 
 
-# A judge that gives this share of its decided verdicts (or 1 minus it) to the answer it read first is
-# choosing by position: with the random order its rate is a coin toss per pair, not a comparison.
+# A judge that gives this share of the orders it is asked to one position is choosing by position, not by
+# the answers: its few surviving verdicts are the exceptions, not a comparison.
 POSITION_BIAS_LIMIT = 0.9
 
 
-def describe_win_rate(rate: dict, name_a: str = "A", name_b: str = "B") -> str:
-    """``win_rate``'s result in one sentence, and a warning when the judge chose by position."""
-    if not rate["judged"]:
-        return f"{name_a} vs {name_b}: no win rate, since the judge gave no verdict ({rate['failed']:.0f} failed)"
-    text = (
-        f"{name_a} vs {name_b}: win rate {rate['win_rate']:.3f} ± {rate['standard_error']:.3f}, 95 % CI "
-        f"[{rate['ci95_low']:.3f}, {rate['ci95_high']:.3f}]; {rate['judged']:.0f} judged, {rate['failed']:.0f} "
-        f"failed; the judge chose the answer it read first in {rate['chose_first']:.0%} of its decided verdicts"
-    )
-    bias = rate["chose_first"]
-    if not math.isnan(bias) and max(bias, 1 - bias) >= POSITION_BIAS_LIMIT:
-        text += (
-            ". That judge chose by position, not by the answers: this rate is the random order's, "
-            "and says nothing about the two models"
+def _by_position(figures: dict) -> str | None:
+    for position in ("first", "second"):
+        share = figures.get(f"chose_{position}", math.nan)
+        if not math.isnan(share) and share >= POSITION_BIAS_LIMIT:
+            return f"it chose the answer it read {position} in {share:.0%} of the {figures['orders']:.0f} orders it was asked"
+    return None
+
+
+def judge_too_weak(quality: dict, rate: dict | None = None) -> str | None:
+    """Why the judge's verdicts say nothing, or None when they are worth reading. A judge is too weak when
+    its agreement with the checker (``judge_quality``) is not beyond ``GAIN_STANDARD_ERRORS`` of a coin's
+    standard errors above 0.5 (a coin's: the measured one is 0 when every verdict agreed), or when it chose
+    one position in ``POSITION_BIAS_LIMIT`` of its orders, on the checker's pairs or on ``rate``'s."""
+    reasons = [reason for reason in (_by_position(quality), rate and _by_position(rate)) if reason]
+    if not quality["judgeable"]:
+        reasons.append("no pair had exactly one right answer to check it on")
+    elif not quality["surviving"]:
+        reasons.append(f"none of its verdicts on the {quality['judgeable']:.0f} checked pairs survived the swap")
+    elif quality["agreement"] - 0.5 <= GAIN_STANDARD_ERRORS * quality["coin_standard_error"]:
+        reasons.append(
+            f"it agreed with the checker on {quality['agreement']:.2f} ± {quality['agreement_standard_error']:.2f} of "
+            f"its {quality['surviving']:.0f} surviving verdicts, not beyond {GAIN_STANDARD_ERRORS:g} standard "
+            f"errors of a coin's 0.5 (± {quality['coin_standard_error']:.2f})"
         )
-    return text
+    return "; ".join(dict.fromkeys(reasons)) or None
+
+
+def describe_judge(quality: dict) -> str:
+    """``judge_quality`` in words: position bias, verdicts that survived the swap, agreement with the
+    checker, and whether the judge is worth reading (``judge_too_weak``)."""
+    text = (
+        f"The judge on {quality['judgeable']:.0f} pairs where exactly one answer is right by the checker, each "
+        f"asked in both orders: it chose the answer it read first in {quality['chose_first']:.2f} ± "
+        f"{quality['chose_first_standard_error']:.2f} of {quality['orders']:.0f} orders, and its verdict flipped "
+        f"with the order on {quality['flipped']:.2f} ± {quality['flipped_standard_error']:.2f} of "
+        f"{quality['decided_pairs']:.0f} pairs. "
+    )
+    if quality["surviving"]:
+        text += (
+            f"{quality['surviving']:.0f} verdicts survived the swap; {quality['agreement']:.2f} ± "
+            f"{quality['agreement_standard_error']:.2f} of them chose the right answer (a coin: 0.50 ± "
+            f"{quality['coin_standard_error']:.2f}). "
+        )
+    weak = judge_too_weak(quality)
+    if weak:
+        return text + f"Too weak to judge: {weak}."
+    return text + f"It judges better than a coin, beyond {GAIN_STANDARD_ERRORS:g} standard errors."
+
+
+def describe_win_rate(rate: dict, quality: dict, name_a: str = "A", name_b: str = "B") -> str:
+    """``win_rate``'s result in one sentence, read by ``judge_quality``: when the judge is too weak
+    (``judge_too_weak``) the sentence says so and that the rate says nothing; otherwise whether A or B is
+    judged better beyond ``GAIN_STANDARD_ERRORS`` standard errors of 0.5, or neither."""
+    if not rate["judged"]:
+        return f"{name_a} vs {name_b}: no win rate, since every comparison failed ({rate['failed']:.0f} pairs)"
+    failed = f", {rate['failed']:.0f} failed" if rate["failed"] else ""
+    text = (
+        f"{name_a} vs {name_b}, each pair judged in both orders: {rate['wins']:.0f} wins, {rate['losses']:.0f} "
+        f"losses, {rate['ties']:.0f} without a verdict that survived the swap ({rate['no_verdict_position']:.0f} "
+        f"flipped with the order, {rate['no_verdict_tie']:.0f} ties){failed}; win rate {rate['win_rate']:.3f} ± "
+        f"{rate['standard_error']:.3f} (no verdict counts one half)"
+    )
+    weak = judge_too_weak(quality, rate)
+    if weak:
+        return text + f". The judge is too weak to judge ({weak}): this win rate says nothing about the two models"
+    margin = GAIN_STANDARD_ERRORS * rate["standard_error"]
+    if rate["standard_error"] and rate["win_rate"] - 0.5 > margin:
+        return text + f": {name_a} judged better, beyond {GAIN_STANDARD_ERRORS:g} standard errors"
+    if rate["standard_error"] and 0.5 - rate["win_rate"] > margin:
+        return text + f": {name_b} judged better, beyond {GAIN_STANDARD_ERRORS:g} standard errors"
+    return text + f": within {GAIN_STANDARD_ERRORS:g} standard errors of 0.5, the judge does not tell them apart"

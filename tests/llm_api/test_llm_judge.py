@@ -1,5 +1,5 @@
 """The rubric judge as an environment: rewards from parsed verdicts, failures excluded and counted,
-mixed with the GSM8K checker; the pairwise judge's shuffled order and the win rate's arithmetic."""
+mixed with the GSM8K checker; the pairwise judge's one-token choices (its protocol: test_judge_protocol.py)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 from common.advantages import group_advantages, group_advantages_excluding
 from common.llm_client import LLMClient, ParseError
 from environments import Environment, make_environment
-from environments.llm_judge import LLMJudgeEnvironment, PairwiseJudge, describe_win_rate, parse_choice, win_rate
+from environments.llm_judge import LLMJudgeEnvironment, PairwiseJudge, parse_choice
 from fault_proxy import FaultProxy
 from hypothesis import given
 from hypothesis import strategies as st
@@ -70,49 +70,6 @@ def test_verdicts_become_rewards_mixed_with_the_checker(llm_server):
     assert env.step_metrics()["judge_failed"] == 0  # per step: counted once
 
 
-def test_the_pairwise_judge_shuffles_the_order_and_undoes_it(llm_server):
-    n = 40
-    upstream = llm_server.base_url.removesuffix("/v1")
-    # A judge with pure position bias: it always prefers the answer it reads first.
-    with FaultProxy(upstream, ['reply:{"better": 1, "reason": "first"}'] * n) as proxy:
-        with client_for(llm_server, proxy.base_url, max_concurrency=1) as client:
-            verdicts = PairwiseJudge(client, seed=3).compare(["q"] * n, [f"A{i}" for i in range(n)], ["B"] * n)
-    firsts = [v["a_first"] for v in verdicts]
-    assert 10 <= sum(firsts) <= 30  # both orders, about half each (seeded: the same every run)
-    for verdict, body, i in zip(verdicts, proxy.bodies, range(n), strict=True):
-        shown = body["messages"][1]["content"]
-        assert (shown.index(f"A{i}") < shown.index("\nB")) == verdict["a_first"]
-        assert verdict["winner"] == ("a" if verdict["a_first"] else "b")
-    # The bias cancels out in the rate: A wins exactly when it was shown first.
-    assert win_rate(verdicts)["win_rate"] == pytest.approx(sum(firsts) / n)
-
-
-def test_a_judge_too_small_for_json_still_chooses_when_its_answer_is_constrained(llm_server, tiny_model_path):
-    """The tiny model writes no JSON verdict; asked for one token with logit_bias on the ids of "1" and
-    "2", every comparison it is given comes back as a verdict, through the real server."""
-    from helpers.teacher_judge import choice_token_ids
-
-    ids = choice_token_ids(tiny_model_path)
-    n = 12
-    questions = [PROBLEM["question"]] * n
-    trained, base = [f"3 + 2 = 5\n#### 5 ({i})" for i in range(n)], [f"It is {i}." for i in range(n)]
-    upstream = llm_server.base_url.removesuffix("/v1")
-    with FaultProxy(upstream, []) as proxy:  # no faults: it passes every request on and records it
-        with client_for(llm_server, proxy.base_url) as client:
-            constrained = PairwiseJudge(client, seed=1, choice_token_ids=ids).compare(questions, trained, base)
-            free = PairwiseJudge(client, seed=1, max_tokens=8).compare(questions, trained, base)
-    result = win_rate(constrained)
-    assert result["judged"] == n and result["failed"] == 0 and result["ties"] == 0
-    assert 0.0 <= result["win_rate"] <= 1.0 and 0.0 <= result["chose_first"] <= 1.0
-    assert {v["reason"] for v in constrained} <= {"chose answer 1", "chose answer 2"}
-    for body in proxy.bodies[:n]:
-        assert body["max_tokens"] == 1 and body["temperature"] == 0.0
-        assert body["logit_bias"] == {str(ids["1"]): 100, str(ids["2"]): 100}
-        assert "1 or 2" in body["messages"][0]["content"]
-    assert "logit_bias" not in proxy.bodies[n]
-    assert win_rate(free)["failed"] == n  # the same comparisons, unconstrained: no verdict at all
-
-
 def test_choices_are_one_token_each_or_refused(tiny_model_path, llm_server):
     from helpers.teacher_judge import choice_token_ids
 
@@ -131,43 +88,6 @@ def test_a_constrained_verdict_is_the_choice_alone(text):
     else:
         with pytest.raises(ParseError, match="expected the choice 1 or 2"):
             parse_choice(text)
-
-
-def test_win_rate_reports_the_judges_position_bias():
-    # a_first: A was read first. The judge chose the first-read answer in 3 of the 4 decided verdicts.
-    verdicts = [
-        {"winner": "a", "a_first": True},
-        {"winner": "b", "a_first": False},
-        {"winner": "b", "a_first": True},
-        {"winner": "a", "a_first": True},
-        {"winner": "tie", "a_first": False},
-        {"winner": None, "a_first": True},
-    ]
-    assert win_rate(verdicts)["chose_first"] == pytest.approx(3 / 4)
-    assert math.isnan(win_rate([{"winner": None, "a_first": True}])["chose_first"])
-
-
-def test_a_judge_that_chooses_by_position_is_named_as_such():
-    reading = [{"winner": w, "a_first": f} for w, f in [("a", True), ("a", False), ("b", True), ("b", False)]]
-    by_position = [{"winner": "a" if f else "b", "a_first": f} for f in (True, False, True, False, True)]
-    assert "chose by position" not in describe_win_rate(win_rate(reading))
-    assert "read first in 50%" in describe_win_rate(win_rate(reading))
-    text = describe_win_rate(win_rate(by_position), "trained", "base")
-    assert text.startswith("trained vs base: win rate 0.600") and "read first in 100%" in text
-    assert "chose by position, not by the answers" in text
-    assert "no win rate" in describe_win_rate(win_rate([{"winner": None, "a_first": True}]))
-
-
-def test_win_rate_counts_ties_half_and_failures_apart():
-    verdicts = [{"winner": w} for w in ["a", "a", "a", "b", "tie", None]]
-    result = win_rate(verdicts)
-    assert result["judged"] == 5 and result["failed"] == 1 and result["ties"] == 1
-    assert result["win_rate"] == pytest.approx(3.5 / 5)
-    outcomes = [1, 1, 1, 0, 0.5]
-    variance = sum((o - 0.7) ** 2 for o in outcomes) / 4
-    assert result["standard_error"] == pytest.approx(math.sqrt(variance / 5))
-    assert result["ci95_low"] == pytest.approx(0.7 - 1.96 * result["standard_error"])
-    assert math.isnan(win_rate([{"winner": None}])["win_rate"])
 
 
 def test_grpo_job_mixes_the_judge_with_the_checker_and_leaves_out_what_it_could_not_judge(

@@ -522,24 +522,43 @@ def test_summary_names_the_failing_notebook_and_cell(tmp_path):
     assert "base: accuracy 0.250" in text and "trained: accuracy 0.500" in text
 
 
-def test_the_summary_gives_the_judged_win_rate_with_its_interval_or_says_there_is_none():
-    from tools import run_notebooks
+def test_the_summary_judges_the_judge_before_its_win_rate_and_says_when_the_rate_says_nothing():
+    from environments.llm_judge import judge_quality, win_rate
 
-    # win_rate's fields for 3 wins in 4 verdicts, half of them given to the answer read first
-    rate = dict(judged=4.0, failed=0.0, win_rate=0.75, standard_error=0.25, ci95_low=0.26, ci95_high=1.0)
+    from tools import run_notebooks, training_session_notebooks
+
+    def verdicts(*outcomes):  # the answer each pair's verdict chose, in both orders
+        return [{"outcome": o, "a_first": o, "b_first": o} for o in outcomes]
+
+    reading = judge_quality(verdicts(*["a"] * 15, "b"), ["a"] * 16)  # 15 of 16 checked pairs right
+    by_position = judge_quality([{"outcome": "position", "a_first": "a", "b_first": "b"}] * 16, ["a"] * 16)
+    rate = win_rate(verdicts(*["a"] * 12, "b", "b", "b", "b"))  # 12 of 16 pairs to the trained model
     result = {
         "held_out_accuracy": {"synthetic": {"accuracy": 0.25, "standard_error": 0.108, "n": 16}},
-        "win_rate": {**rate, "chose_first": 0.5},
+        "judge": reading,
+        "win_rate": rate,
         "pairwise_verdicts": "one token",
     }
     lines = "\n".join(run_notebooks.render_teacher_and_judge(result))
     assert "SFT on the synthetic answers: held-out accuracy 0.250 ± 0.108 (16 problems, greedy)" in lines
-    assert "one token verdicts: SFT on the teacher's answers vs the base model: win rate 0.750 ± 0.250" in lines
-    assert "95 % CI [0.260, 1.000]; 4 judged, 0 failed" in lines and "read first in 50%" in lines
-    nothing = {**rate, "judged": 0.0, "failed": 4.0, "win_rate": math.nan, "chose_first": math.nan}
-    none = run_notebooks.render_teacher_and_judge({**result, "win_rate": nothing})
-    assert "no win rate, since the judge gave no verdict (4 failed)" in "\n".join(none)
+    assert "the judge, with one token verdicts: The judge on 16 pairs where exactly one answer is right" in lines
+    assert "16 verdicts survived the swap; 0.94 ± 0.06 of them chose the right answer (a coin: 0.50 ± 0.12)" in lines
+    assert "SFT on the teacher's answers vs the base model, each pair judged in both orders: 12 wins, 4 losses" in lines
+    assert "win rate 0.750 ± 0.112" in lines and "SFT on the teacher's answers judged better" in lines
+    weak = "\n".join(run_notebooks.render_teacher_and_judge({**result, "judge": by_position}))
+    assert "read first in 100% of the 32 orders" in weak and "this win rate says nothing" in weak
+    assert "judged better" not in weak
+    # a state file from before the judge was judged: its rate of one random order per pair is not shown
+    assert "win rate" not in "\n".join(run_notebooks.render_teacher_and_judge({**result, "judge": None}))
     assert run_notebooks.render_teacher_and_judge({}) == []
+    # Notebook 14's record: each served model's accuracy, the judge, and each model's rate against the base
+    session = {"notebook": "14_serve_and_deploy", "session": "s", "status": "Stopped", "steps": 0}
+    session |= {"held_out_accuracy": {"trained": [0.5, 0.125], "base": [0.25, 0.108]}, "judge": by_position}
+    session |= {"win_rates": {"trained": rate}}
+    lines = "\n".join(training_session_notebooks.render([session]))
+    assert "trained model: held-out accuracy 0.500 ± 0.125, greedy" in lines
+    assert "Too weak to judge" in lines and "trained model vs base model, each pair judged in both orders" in lines
+    assert "this win rate says nothing about the two models" in lines
 
 
 def test_job_notebooks_and_session_notebooks_are_two_lanes():

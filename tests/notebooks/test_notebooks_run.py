@@ -390,22 +390,48 @@ def test_teacher_and_judge_notebook_accounts_for_every_request_and_shows_no_key(
     text = "".join(o.get("text", "") for c in nb.cells if c.cell_type == "code" for o in c.outputs)
     assert '"requests":' in text and '"cached_hits":' in text and "retries" in text  # the teacher job's account
     assert "held-out accuracy" in text and "+-" in text and "win rate" in text
+    from environments.llm_judge import describe_judge, describe_win_rate, judge_too_weak
+
+    result = notebook_run.state["teacher_and_judge"]
+    rate, judge = result["win_rate"], result["judge"]
     usage = notebook_run.state["judge_usage"]
     parameters = run_notebooks.CI_PARAMETERS["13"]
-    judged = parameters["judge_groups"] * parameters["group_size"] + parameters["held_out"]
-    assert usage["requests"] + usage["failures"] == judged  # every verdict asked once: answered or failed, none lost
+    # the reward judge's groups, then the checked pairs and the held-out pairs, each asked in both orders
+    asked = parameters["judge_groups"] * parameters["group_size"] + 2 * (judge["judgeable"] + parameters["held_out"])
+    assert usage["requests"] + usage["failures"] == asked  # every verdict asked once: answered or failed, none lost
     assert usage["parse_failures"] <= usage["requests"] and usage["total_tokens"] > 0
     assert LOCAL_API_KEY not in (notebook_run.out / "notebooks" / "13_teacher_and_judge.ipynb").read_text()
-    # The tiny judge writes no JSON, but its one-token choices are verdicts: every held-out pair judged.
-    result = notebook_run.state["teacher_and_judge"]
-    rate = result["win_rate"]
+    # The tiny judge writes no JSON, but its one-token choices are choices: every order of every pair answered.
     assert result["pairwise_verdicts"] == "one token"
-    assert (rate["judged"], rate["failed"]) == (parameters["held_out"], 0)
-    assert 0.0 <= rate["ci95_low"] <= rate["win_rate"] <= rate["ci95_high"] <= 1.0
+    assert (rate["judged"], rate["failed"], rate["orders"]) == (parameters["held_out"], 0, 2 * parameters["held_out"])
+    assert judge["judgeable"] >= 1 and judge["orders"] == 2 * judge["judgeable"]
+    names = ("SFT on the teacher's answers", "the base model")
+    # A judge too weak to judge is said to be, and its rate is said to say nothing
+    assert ("this win rate says nothing" in text) == (judge_too_weak(judge, rate) is not None)
     assert set(result["held_out_accuracy"]) == {"synthetic", "original"}
     summary = (notebook_run.out / "summary.md").read_text()
     assert "## Teacher and judge (notebook 13)" in summary
-    assert f"{rate['win_rate']:.3f} ± {rate['standard_error']:.3f}" in summary
+    assert describe_judge(judge) in summary and describe_win_rate(rate, judge, *names) in summary
+
+
+def test_serving_notebook_judges_the_judge_then_each_served_model_against_the_base(notebook_run):
+    """Notebook 14 judges with notebook 13's protocol: the judge on pairs the checker knows, then every served
+    model against the base model in both orders, recorded for the summary with their standard errors."""
+    from environments.llm_judge import describe_judge, describe_win_rate
+
+    entry = next(s for s in notebook_run.summary["training_sessions"] if s["notebook"].startswith("14"))
+    judge, rates = entry["judge"], entry["win_rates"]
+    problems = run_notebooks.CI_PARAMETERS["14"]["held_out_problems"]
+    assert "trained" in rates and set(entry["held_out_accuracy"]) == {"base", *rates}
+    assert judge["judgeable"] >= 1 and judge["orders"] == 2 * judge["judgeable"]
+    nb = nbformat.read(str(notebook_run.out / "notebooks" / "14_serve_and_deploy.ipynb"), as_version=4)
+    text = "".join(o.get("text", "") for c in nb.cells if c.cell_type == "code" for o in c.outputs)
+    summary = (notebook_run.out / "summary.md").read_text()
+    assert describe_judge(judge) in text and describe_judge(judge) in summary
+    for label, rate in rates.items():
+        assert (rate["judged"], rate["failed"], rate["orders"]) == (problems, 0, 2 * problems)
+        said = describe_win_rate(rate, judge, f"{label} model", "base model")
+        assert said in text and said in summary
 
 
 def test_every_direction_the_summary_states_holds(notebook_run):
