@@ -1,6 +1,6 @@
 """Matplotlib plots of the scripts' metric records (``[{"step": 1, "loss": 0.9}, ...]``).
 
-No series is drawn where it cannot be seen: a series that keeps one value throughout (a pass rate that
+No series is drawn where it cannot be seen: a series that keeps one value throughout (a test pass fraction that
 stays 0) says so in its legend label or panel title, and a series that lies exactly on one drawn before
 it is drawn dashed on top of it, its label saying which one it repeats.
 """

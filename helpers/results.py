@@ -176,7 +176,7 @@ def rows(figures: dict) -> list[dict]:
     code = figures.get("code_rl_evaluation") or {}
     if number(code.get("before")) is not None:
         what = (
-            f"code RL (training job): held-out pass rate, {code.get('examples', '?')} problems x "
+            f"code RL (training job): held-out solve rate, {code.get('examples', '?')} problems x "
             f"{code.get('samples_per_example', '?')} answer(s) at temperature {code.get('temperature', '?')}"
         )
         found.append(_paired_row("04", what, "share of answers that pass every test", code))
@@ -214,12 +214,12 @@ def rows(figures: dict) -> list[dict]:
         held_out = s.get("held_out")
         if held_out:
             kind = {"08": "GRPO", "09": "code RL"}.get(notebook, "training session")
-            measure = held_out.get("measure") or ("pass rate" if notebook == "09" else "accuracy")
+            measure = held_out.get("measure") or ("solve rate" if notebook == "09" else "accuracy")
             what = (
                 f"{kind} (training session): held-out {measure}, {held_out.get('problems', '?')} problems x "
                 f"{held_out.get('samples_per_problem', '?')} answer(s)"
             )
-            unit = "share of answers that pass every test" if measure == "pass rate" else "share of answers right"
+            unit = "share of answers that pass every test" if measure == "solve rate" else "share of answers right"
             found.append(_paired_row(notebook, what, unit, held_out))
         preference = s.get("preference") or {}
         before, after = preference.get("held_out_before"), preference.get("held_out_after")

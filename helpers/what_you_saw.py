@@ -43,7 +43,7 @@ JOB_CURVES = (
 SESSION_UNITS = {
     "reward": "mean reward per answer",
     "no_code_rate": "share of answers without a program",
-    "pass_rate": "share of each answer's tests passed",
+    "test_pass_fraction": "share of each answer's tests passed",
     "accuracy": "share of pairs, chosen ranked above rejected",
     "margin": "nats, beta x log-ratio",
 }

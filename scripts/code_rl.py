@@ -6,7 +6,7 @@ Torchrun ranks (default; gloo process group):
   rank 0       the learner: the GRPO loop of ``grpo.py`` (``grpo.train``) on this process alone
                (a single-learner context); its environment (``environments/code.py``) sends every
                step's programs and tests to the judges and waits for their verdicts, whose rates
-               (``accepted_rate``, ..., ``pass_rate``, ``judge_time``) join the step's metric line;
+               (``accepted_rate``, ..., ``test_pass_fraction``, ``judge_time``) join the step's metric line;
   ranks 1..N   judges: each runs a sandbox (``sandbox/``) with ``--judge_workers`` fork servers,
                receives its share of the programs, judges them, sends verdicts and rewards back.
 With one process, rank 0 judges in its own sandbox.

@@ -208,7 +208,7 @@ SMOLLM2_PARAMETERS = {
     # each at temperature 1 with the same seeds before and after (greedy, SmolLM2 already passed 0.75 of
     # such problems in an earlier run, and RL left that at 0.68 +- 0.08: it sharpened the sampled answers).
     # Each evaluation is 64 answers that may run to the service's 512 tokens, the notebook's largest cost.
-    # 6 steps: 8 took the held-out pass rate 0.13 -> 0.67 (+0.55 +- 0.08), far past its noise, and the session
+    # 6 steps: 8 took the held-out solve rate 0.13 -> 0.67 (+0.55 +- 0.08), far past its noise, and the session
     # notebooks past their 15 minutes.
     "09": {
         "base_model": "local/smollm2-135m-instruct",
@@ -282,7 +282,7 @@ TINY_CURVES = {
     "code_rl.py": [
         ("no_code_rate", "falls", None),
         ("reward", "rises", None),
-        ("pass_rate", None, "the tiny model's programs pass no test yet"),
+        ("test_pass_fraction", None, "the tiny model's programs pass no test yet"),
     ],
 }
 CURVES = {
@@ -296,7 +296,7 @@ CURVES = {
             ("frac_reward_zero_std", "stays below 1", None),
         ],
         "code_rl.py": [
-            (metric, None, "4 problems a step: noise at this size; the held-out pass rate measures the run")
+            (metric, None, "4 problems a step: noise at this size; the held-out solve rate measures the run")
             for metric, _, _ in TINY_CURVES["code_rl.py"]
         ],
     },
@@ -811,9 +811,9 @@ def render_markdown(summary: dict) -> str:
         held_out = summary["code_rl_evaluation"]
         lines += [
             "",
-            f"## Code RL: held-out pass rate before and after (notebook 4, data set {held_out.get('data_set')})",
+            f"## Code RL: held-out solve rate before and after (notebook 4, data set {held_out.get('data_set')})",
             "",
-            *(f"- {line}" for line in describe_change(held_out, "pass rate").splitlines()),
+            *(f"- {line}" for line in describe_change(held_out, "solve rate").splitlines()),
             f"- evaluation jobs: {', '.join(held_out.get('jobs', {}).values())}",
         ]
     if summary.get("spot"):

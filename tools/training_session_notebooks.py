@@ -152,10 +152,10 @@ def render(sessions: list[dict]) -> list[str]:
                 f"± {after['likelihood_accuracy_se']:.3f}; reward accuracy after {after['reward_accuracy']:.3f} "
                 f"± {after['reward_accuracy_se']:.3f}, margin {after['margin']:.4f} ± {after['margin_se']:.4f}"
             )
-        if s.get("pass_rate"):
+        if s.get("test_pass_fraction"):
             lines.append(
-                f"  - tests passed, first quarter {s['pass_rate']['first_quarter']:.3f}, "
-                f"last quarter {s['pass_rate']['last_quarter']:.3f}"
+                f"  - test pass fraction, first quarter {s['test_pass_fraction']['first_quarter']:.3f}, "
+                f"last quarter {s['test_pass_fraction']['last_quarter']:.3f}"
             )
         if s.get("held_out"):
             first, *rest = held_out_lines(s["held_out"])

@@ -5,7 +5,7 @@ sampled while step k is judged.
 Nothing else is new: the environment (``scripts/environments/code.py``: the program is the completion's
 last fenced block, the reward the share of tests passed, ``format_reward`` 1 when there is a program) and
 the sandbox (``scripts/sandbox``) are the jobs'. The environment's ``step_metrics()`` gives each step's
-verdict shares (``accepted_rate``, ``wrong_answer_rate``, ..., ``no_code_rate``), ``pass_rate`` and
+verdict shares (``accepted_rate``, ``wrong_answer_rate``, ..., ``no_code_rate``), ``test_pass_fraction`` and
 ``judge_time``.
 """
 

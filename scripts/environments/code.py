@@ -233,7 +233,7 @@ class CodeEnvironment:
 
     ``judge(items, reward_mode)`` gets ``(problem, program)`` pairs and returns one dict per pair
     with ``verdict``, ``reward``, ``passed``, ``total``. ``step_metrics()`` gives the verdict rates
-    (``accepted_rate``, ..., ``pass_rate``) and ``judge_time`` of the completions scored since its
+    (``accepted_rate``, ..., ``test_pass_fraction``: mean share of a program's tests passed) and ``judge_time`` of the completions scored since its
     last call, which the GRPO loop adds to the step's metric record.
     """
 
@@ -310,7 +310,7 @@ def verdict_stats(scores: list[dict], judge_time: float) -> dict[str, float]:
     counts = Counter(s["verdict"] for s in scores)
     n = max(len(scores), 1)
     stats = {f"{verdict}_rate": counts.get(verdict, 0) / n for verdict in VERDICTS}
-    stats["pass_rate"] = sum(s["passed"] / s["total"] for s in scores if s["total"]) / n
+    stats["test_pass_fraction"] = sum(s["passed"] / s["total"] for s in scores if s["total"]) / n
     stats["judge_time"] = judge_time
     return stats
 

@@ -202,7 +202,7 @@ def test_verdict_stats_cover_every_verdict():
         [{"verdict": "accepted", "passed": 2, "total": 2}, {"verdict": "runtime_error", "passed": 0, "total": 2}],
         judge_time=0.5,
     )
-    assert stats["accepted_rate"] == 0.5 and stats["runtime_error_rate"] == 0.5 and stats["pass_rate"] == 0.5
+    assert stats["accepted_rate"] == 0.5 and stats["runtime_error_rate"] == 0.5 and stats["test_pass_fraction"] == 0.5
     assert {
         "wrong_answer_rate",
         "time_limit_rate",

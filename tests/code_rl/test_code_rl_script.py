@@ -48,7 +48,7 @@ def one_record_per_step(log: str, metrics_file: Path, steps: list[int]) -> list[
             "accepted_rate",
             "wrong_answer_rate",
             "no_code_rate",
-            "pass_rate",
+            "test_pass_fraction",
             "judge_time",
         } <= set(record)
         assert abs(sum(v for k, v in record.items() if k.endswith("_rate")) - 1.0) < 1e-9  # verdict shares

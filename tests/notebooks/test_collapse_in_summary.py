@@ -106,7 +106,7 @@ def test_a_training_sessions_collapsed_rise_is_refused_in_its_lines_and_a_divers
     assert "  - held-out accuracy 0.000 ± 0.000 -> 0.188 ± 0.070" in lines
     assert f"    - change +0.188, +2.7 standard errors; {REFUSED}" in lines
     assert ": a gain" not in lines
-    assert "    - change +0.188, +2.7 standard errors: a gain" in _session_lines(DIVERSE_AFTER, "pass rate")
+    assert "    - change +0.188, +2.7 standard errors: a gain" in _session_lines(DIVERSE_AFTER, "solve rate")
 
 
 def test_a_session_record_from_before_the_change_and_answers_were_kept_is_not_called_a_gain():

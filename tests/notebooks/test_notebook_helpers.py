@@ -49,13 +49,13 @@ def test_metric_definitions_read_the_same_values():
 def test_records_of_one_step_are_merged_in_step_order():
     records = [
         {"step": 1, "loss": 2.0},
-        {"step": 1, "pass_rate": 0.5},
+        {"step": 1, "test_pass_fraction": 0.5},
         {"step": 3, "loss": 1.0},
         {"step": 2, "loss": 1.5},
         {"step": 3, "loss": 0.9},
     ]
     assert metrics.merge_by_step(records) == [
-        {"step": 1, "loss": 2.0, "pass_rate": 0.5},
+        {"step": 1, "loss": 2.0, "test_pass_fraction": 0.5},
         {"step": 2, "loss": 1.5},
         {"step": 3, "loss": 0.9},
     ]
@@ -88,8 +88,8 @@ def test_a_held_out_change_is_paired_over_the_same_examples():
     # the error of either figure, since each problem's difficulty cancels out of its difference
     assert change["change"] == pytest.approx(0.1875) and change["change_standard_error"] == pytest.approx(0.0625)
     assert change["before_standard_error"] > 3 * change["change_standard_error"]
-    text = metrics.describe_change(change, "pass rate")
-    assert "held-out pass rate, 4 problems x 4 answer(s) at temperature 1.0: 0.438 ± 0.213 -> 0.625" in text
+    text = metrics.describe_change(change, "solve rate")
+    assert "held-out solve rate, 4 problems x 4 answer(s) at temperature 1.0: 0.438 ± 0.213 -> 0.625" in text
     assert "change +0.188 ± 0.062 (paired), +3.0 standard errors" in text
     # these evaluations kept no answers: whether the model collapsed is unknown, so no gain is claimed
     assert text.endswith("the evaluation did not count its answers (an older one), not counted as a gain")

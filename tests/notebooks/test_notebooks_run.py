@@ -118,7 +118,7 @@ EXPECTED_METRICS = {
     "sft.py": "loss",
     "dpo.py": "rewards_accuracies",
     "grpo.py": "reward",
-    "code_rl.py": "pass_rate",
+    "code_rl.py": "test_pass_fraction",
     "evaluate.py": "accuracy",
 }
 
@@ -352,7 +352,7 @@ def test_held_out_accuracy_counts_as_a_gain_only_when_the_answers_did_not_collap
         assert stats.counts_as_gain(change["change"], change["change_standard_error"], after), change
 
 
-def test_code_rl_held_out_pass_rate_is_measured_before_and_after_on_the_same_draws(notebook_run):
+def test_code_rl_held_out_solve_rate_is_measured_before_and_after_on_the_same_draws(notebook_run):
     """Notebook 4's two evaluation jobs: the starting model and the code-RL model on the same held-out
     problems; the summary states both figures and the paired change with their standard errors."""
     held_out = notebook_run.state["code_rl_evaluation"]
@@ -361,11 +361,11 @@ def test_code_rl_held_out_pass_rate_is_measured_before_and_after_on_the_same_dra
     (trained,) = [job["model_data"] for job in notebook_run.jobs("04") if _program(job) == "code_rl.py"]
     after = {c["ChannelName"]: c["DataSource"]["S3DataSource"]["S3Uri"] for c in models[held_out["jobs"]["after"]]}
     assert after["model"] == trained
-    assert "Code RL: held-out pass rate before and after" in (notebook_run.out / "summary.md").read_text()
+    assert "Code RL: held-out solve rate before and after" in (notebook_run.out / "summary.md").read_text()
     assert all(math.isfinite(held_out[k]) for k in ("before", "after", "change", "change_standard_error"))
     answers = held_out["examples"] * held_out["samples_per_example"]  # every program counted, before and after
     assert held_out["before_answer_diversity"]["answers"] == held_out["after_answer_diversity"]["answers"] == answers
-    _says_what_the_answers_allow(_section(notebook_run, "## Code RL: held-out pass rate before and after"), held_out)
+    _says_what_the_answers_allow(_section(notebook_run, "## Code RL: held-out solve rate before and after"), held_out)
 
 
 def test_summary_says_what_each_curve_shows(notebook_run):

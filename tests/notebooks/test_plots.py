@@ -56,9 +56,9 @@ def test_different_series_are_drawn_plainly():
 
 
 def test_a_metric_that_keeps_one_value_says_so_in_its_panel_title():
-    records = [{"step": s, "pass_rate": 0.0, "no_code_rate": 0.5 - 0.1 * s} for s in (1, 2, 3)]
-    figure = plot_metrics(records, ["pass_rate", "no_code_rate"])
-    assert [ax.get_title() for ax in figure.axes] == ["pass_rate: 0 throughout", "no_code_rate"]
+    records = [{"step": s, "test_pass_fraction": 0.0, "no_code_rate": 0.5 - 0.1 * s} for s in (1, 2, 3)]
+    figure = plot_metrics(records, ["test_pass_fraction", "no_code_rate"])
+    assert [ax.get_title() for ax in figure.axes] == ["test_pass_fraction: 0 throughout", "no_code_rate"]
 
 
 def test_compare_runs_shows_two_jobs_with_the_same_curve():

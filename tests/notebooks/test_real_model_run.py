@@ -157,7 +157,7 @@ def test_session_sft_on_the_real_model_lowers_held_out_loss_beyond_its_noise(smo
     assert before["loss"] - after["loss"] > 2 * (before["standard_error"] + after["standard_error"]), (before, after)
 
 
-def test_session_code_rl_on_the_real_model_raises_the_held_out_pass_rate_beyond_its_noise(smollm2_run):
+def test_session_code_rl_on_the_real_model_raises_the_held_out_solve_rate_beyond_its_noise(smollm2_run):
     """Code RL on a training session (notebook 09, LoRA) on functions to complete, as HumanEval poses
     them, notebook 0's `functions` data set (notebook 4's). Held out: its 32 test problems x 2 answers at
     temperature 1, the same seeds before and after. Measured with the profile's sizes (6 steps, forward
@@ -174,10 +174,10 @@ def test_session_code_rl_on_the_real_model_raises_the_held_out_pass_rate_beyond_
     gain = held_out["after"] - held_out["before"]
     assert gain >= 2 * held_out["change_standard_error"] > 0, held_out
     assert not stats.collapsed(held_out["after_answer_diversity"]), held_out  # not one program for most problems
-    assert record["pass_rate"]["last_quarter"] > record["pass_rate"]["first_quarter"], record["pass_rate"]
+    assert record["test_pass_fraction"]["last_quarter"] > record["test_pass_fraction"]["first_quarter"], record["test_pass_fraction"]
 
 
-def test_job_code_rl_on_the_real_model_raises_the_held_out_pass_rate_beyond_its_noise(smollm2_run):
+def test_job_code_rl_on_the_real_model_raises_the_held_out_solve_rate_beyond_its_noise(smollm2_run):
     """Code RL in a training job (notebook 04, all weights) on functions to complete, as HumanEval poses
     them, from the base model. Held out: the 32 test problems x 2 answers at temperature 1, the same seeds
     before and after, in two evaluate.py jobs. Measured with the profile's sizes (8 steps, the training job

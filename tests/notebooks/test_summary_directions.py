@@ -1,6 +1,6 @@
 """The main job's summary claims no direction its own figures contradict: each curve with a stated
 direction says whether it held; a curve the model cannot promise a direction for (sampled accuracy, a
-pass rate that stays 0) is shown with the reason and no claim. Synthetic curves here; the real run's
+test pass fraction that stays 0) is shown with the reason and no claim. Synthetic curves here; the real run's
 are checked in test_notebooks_run.py."""
 
 from __future__ import annotations
@@ -59,14 +59,14 @@ def test_a_stated_direction_that_does_not_hold_is_said_and_never_claimed(tmp_pat
     assert "should" not in text
 
 
-def test_a_pass_rate_that_stays_zero_is_shown_without_a_claim(tmp_path):
+def test_a_test_pass_fraction_that_stays_zero_is_shown_without_a_claim(tmp_path):
     summary, text = _summary(
         tmp_path,
         "code_rl.py",
         "04_code_rl",
-        {"no_code_rate": [0.6, 0.5, 0.4, 0.3], "reward": [0.2, 0.25, 0.3, 0.35], "pass_rate": [0, 0, 0, 0]},
+        {"no_code_rate": [0.6, 0.5, 0.4, 0.3], "reward": [0.2, 0.25, 0.3, 0.35], "test_pass_fraction": [0, 0, 0, 0]},
     )
-    assert "- 04_code_rl: pass_rate 0 -> 0 over 4 steps (no direction expected: the tiny model's programs" in text
+    assert "- 04_code_rl: test_pass_fraction 0 -> 0 over 4 steps (no direction expected: the tiny model's programs" in text
     assert all(c["holds"] for c in summary["curves"] if c["should"])
 
 
@@ -75,7 +75,7 @@ def test_the_real_model_profile_claims_nothing_of_its_short_code_rl_run(tmp_path
         tmp_path,
         "code_rl.py",
         "04_code_rl",
-        {"no_code_rate": [0.2, 0.3, 0.4], "pass_rate": [0.25, 0.3, 0.38]},
+        {"no_code_rate": [0.2, 0.3, 0.4], "test_pass_fraction": [0.25, 0.3, 0.38]},
         "smollm2",
     )
     assert [c["should"] for c in summary["curves"]] == [None, None]

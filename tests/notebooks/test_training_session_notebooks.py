@@ -277,7 +277,7 @@ def test_session_code_rl_judges_every_step_in_the_sandbox_while_sampling(noteboo
     assert record["steps"] == training_session_notebooks.CI_PARAMETERS["09"]["max_steps"]
     assert 0 < record["no_code_rate"]["first_quarter"] < 1  # some completions hold a program, some not
     final = record["final_metrics"]
-    assert {"accepted_rate", "wrong_answer_rate", "runtime_error_rate", "pass_rate", "judge_time"} <= set(final)
+    assert {"accepted_rate", "wrong_answer_rate", "runtime_error_rate", "test_pass_fraction", "judge_time"} <= set(final)
     assert final["judge_time"] > 0  # the sandbox pool judged the last step's programs
     assert record["billable_tokens"]["sample"] > 0 and record["billable_tokens"]["training"] > 0
     summary = (notebook_run.out / "summary.md").read_text()
@@ -340,7 +340,7 @@ def test_session_dpo_raises_preference_accuracy_and_margin(notebook_run):
     assert "12_training_session_dpo" in summary and "preference accuracy, first quarter" in summary
 
 
-def test_the_summary_gives_held_out_figures_with_their_standard_errors_and_the_pass_rate():
+def test_the_summary_gives_held_out_figures_with_their_standard_errors_and_the_test_pass_fraction():
     held_out = {
         "before": 0.3,
         "before_standard_error": 0.04,
@@ -372,14 +372,14 @@ def test_the_summary_gives_held_out_figures_with_their_standard_errors_and_the_p
                     **base,
                     "notebook": "09_training_session_code_rl",
                     "session": "b",
-                    "pass_rate": {"first_quarter": 0.0, "last_quarter": 0.125},
-                    "held_out": {**held_out, "measure": "pass rate"},
+                    "test_pass_fraction": {"first_quarter": 0.0, "last_quarter": 0.125},
+                    "held_out": {**held_out, "measure": "solve rate"},
                 },
             ]
         )
     )
     assert "held-out accuracy 0.300 ± 0.040 -> 0.350 ± 0.041" in lines and "paired: ± 0.020" in lines
-    assert "held-out pass rate 0.300 ± 0.040" in lines and "64 problems x 16 answers" in lines
-    assert "tests passed, first quarter 0.000, last quarter 0.125" in lines
+    assert "held-out solve rate 0.300 ± 0.040" in lines and "64 problems x 16 answers" in lines
+    assert "test pass fraction, first quarter 0.000, last quarter 0.125" in lines
     assert "no resume in this run (resume_from_step = 0: the loop saved no checkpoint)" in lines
     assert "resumed from the checkpoint after step 8 for 2 steps, largest difference from the uninterrupted steps: with the optimizer 0" in lines  # fmt: skip
