@@ -45,7 +45,7 @@ class EvaluateArgs:
     )
     environment: str = option("gsm8k", "which data format and checker to use", choices=sorted(REGISTRY))
     max_new_tokens: int = option(512, "longest answer in tokens")
-    batch_size: int = option(32, "prompts per generate call")
+    generate_batch_size: int = option(32, "prompts per generate call", old_names=("batch_size",))
     max_examples: int = option(0, "evaluate only the first N examples; 0 = all")
     temperature: float = option(0.0, "sampling temperature; 0 = greedy (one answer an example)")
     samples_per_example: int = option(1, "answers sampled per example at --temperature above 0")
@@ -58,7 +58,7 @@ class EvaluateArgs:
 
     def validate(self, world_size: int) -> None:
         """``world_size`` is 1: evaluation runs in one process."""
-        contract.require_at_least_one(self, "batch_size", "max_new_tokens", "samples_per_example")
+        contract.require_at_least_one(self, "generate_batch_size", "max_new_tokens", "samples_per_example")
         if self.max_examples < 0:
             raise contract.UserError(f"--max_examples cannot be negative, got {self.max_examples}; 0 = all.")
         if not self.temperature >= 0:  # also refuses NaN
@@ -111,8 +111,8 @@ def evaluate(args: EvaluateArgs, learners, env) -> None:
 
     started = time.perf_counter()
     records = []
-    for start in range(0, len(examples), args.batch_size):
-        batch = examples[start : start + args.batch_size]
+    for start in range(0, len(examples), args.generate_batch_size):
+        batch = examples[start : start + args.generate_batch_size]
         requests = [
             generation.SampleRequest(
                 prompt=generation.prompt_token_ids(tokenizer, env.prompt_messages(example)),

@@ -54,6 +54,12 @@ def test_scripts_and_session_loops_use_one_name_each(path):
     assert stray_old_names(path.read_text()) == []
 
 
+def test_only_sft_and_dpo_have_a_batch_size():
+    """Their examples (conversations, pairs) per optimizer step; evaluate.py's is generate_batch_size."""
+    declared = {p.name for p in (ROOT / "scripts").glob("*.py") if re.search(r"^    batch_size: int", p.read_text(), re.M)}
+    assert declared == {"sft.py", "dpo.py"}
+
+
 def test_the_alias_and_trls_name_are_said_once():
     grpo = (ROOT / "scripts" / "grpo.py").read_text()
     assert grpo.count("num_generations") == 2  # the alias, and the help that names TRL's keyword

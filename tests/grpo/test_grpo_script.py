@@ -338,7 +338,7 @@ def test_evaluate_end_to_end(tiny_model_path, offline_data, tmp_path):
             "gsm8k",
             "--max_new_tokens",
             "8",
-            "--batch_size",
+            "--generate_batch_size",
             "3",
         ],
         env,
@@ -369,8 +369,8 @@ def test_evaluate_refuses_an_unknown_environment(monkeypatch):
     spec.loader.exec_module(evaluate_script)
     with pytest.raises(UserError, match=r"--environment.*gsm8k"):
         evaluate_script.parse_args(["--environment", "chess"])
-    with pytest.raises(UserError, match=r"--batch_size must be at least 1, got 0."):
-        evaluate_script.parse_args(["--batch_size", "0"]).validate(world_size=1)
+    with pytest.raises(UserError, match=r"--generate_batch_size must be at least 1, got 0."):
+        evaluate_script.parse_args(["--generate_batch_size", "0"]).validate(world_size=1)
     with pytest.raises(UserError, match=r"greedy answers are all the same. Set --temperature above 0"):
         evaluate_script.parse_args(["--samples_per_example", "4"]).validate(world_size=1)
     with pytest.raises(UserError, match=r"--temperature must be 0 \(greedy\) or above, got nan"):
@@ -390,7 +390,7 @@ def test_sampled_evaluation_draws_the_same_answers_whatever_the_batch_size(tiny_
         options = ["--temperature", "1.0", "--samples_per_example", "3", "--max_examples", "5"]
         code, output = run(
             [PYTHON, "evaluate.py", "--model_name_or_path", str(tiny_model_path), "--environment", "gsm8k"]
-            + ["--max_new_tokens", "6", "--batch_size", str(batch_size), *options],
+            + ["--max_new_tokens", "6", "--generate_batch_size", str(batch_size), *options],
             env,
         )
         assert code == 0, output
