@@ -168,6 +168,8 @@ def render(sessions: list[dict]) -> list[str]:
             lines.append(f"  - {describe_judge(s['judge'])}")
             for label, rate in (s.get("win_rates") or {}).items():
                 lines.append(f"  - {describe_win_rate(rate, s['judge'], f'{label} model', 'base model')}")
+        if s.get("teacher"):  # notebook 16: the teacher, and each run's race to a share of its accuracy
+            lines += distillation_lines(s)
         if s.get("resume"):
             resume = s["resume"]
             differences = "; ".join(f"{label} {value:.3g}" for label, value in resume["largest_difference"].items())
@@ -177,4 +179,32 @@ def render(sessions: list[dict]) -> list[str]:
                 if differences
                 else f"  - no resume in this run (resume_from_step = {resume['from_step']}: the loop saved no checkpoint)"
             )
+    return lines
+
+
+def distillation_lines(s: dict) -> list[str]:
+    """Notebook 16's record: the teacher's held-out accuracy, the reverse KL's fall, and for each run
+    (distillation, GRPO) its held-out curve and the first measure that reached the target."""
+    teacher, comparison = s["teacher"], s["comparison"]
+    lines = [
+        f"  - teacher {teacher['model_package']}: held-out accuracy {teacher['accuracy']:.3f} ± "
+        f"{teacher['standard_error']:.3f}; target {comparison['target_share']:.0%} of it = {comparison['target']:.3f}"
+    ]
+    if s.get("reverse_kl"):
+        lines.append(
+            f"  - reverse KL per token, first quarter of the steps {s['reverse_kl']['first_quarter']:.4f} -> "
+            f"last quarter {s['reverse_kl']['last_quarter']:.4f}"
+        )
+    for name, curve in comparison["curves"].items():
+        step = comparison["reached_at_step"].get(name)
+        if step is None:
+            reached = f"did not reach the target in {curve[-1]['step']} steps"
+        elif step == 0:
+            reached = "the start is already at the target"
+        else:
+            point = next(p for p in curve if p["step"] == step)
+            reached = f"first at the target at step {step}, after {point['seconds']:.0f} s of training"
+        points = ", ".join(f"{p['accuracy']:.3f} ± {p['standard_error']:.3f}" for p in curve)
+        steps = ", ".join(str(p["step"]) for p in curve)
+        lines.append(f"  - {name}: {reached}; held-out accuracy after steps {steps}: {points}")
     return lines
