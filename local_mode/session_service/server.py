@@ -575,6 +575,8 @@ class Handler(BaseHTTPRequestHandler):
             answer = (rest_json_error if is_runtime else json_error)(500, "InternalServerException", message)
         status, headers, out = answer
         self.send_response(status)
+        # A HEAD answer has no body, and its Content-Length is the object's (S3's HeadObject size).
+        head_length = next((v for k, v in headers.items() if k.lower() == "content-length"), "0")
         headers = {k: v for k, v in headers.items() if k.lower() not in ("content-length", "transfer-encoding")}
         for key, value in headers.items():
             self.send_header(key, value)
@@ -587,7 +589,7 @@ class Handler(BaseHTTPRequestHandler):
                 self.wfile.flush()
             self.wfile.write(b"0\r\n\r\n")
             return
-        self.send_header("Content-Length", str(0 if self.command == "HEAD" else len(out)))
+        self.send_header("Content-Length", str(head_length if self.command == "HEAD" else len(out)))
         self.end_headers()
         if self.command != "HEAD":
             self.wfile.write(out)

@@ -247,3 +247,4 @@ def test_service_reads_what_another_local_mode_process_wrote(endpoint, aws):
         listed
     ]
     assert s3.get_object(Bucket=BUCKET, Key=read)["Body"].read() == b"read"
+    assert s3.head_object(Bucket=BUCKET, Key=job_archive)["ContentLength"] == len(archive.getvalue())
