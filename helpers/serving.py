@@ -4,6 +4,8 @@ it is created, and one OpenAI-compatible address for sessions and endpoints.
 - ``saved_weights``: the last weights a training session saved (its model packages, newest last).
 - ``merged_weights``: where a ``save_weights(merge_weights=True)`` package keeps ``hf_merged/``, the
   folder an LLM container (TGI, LMI) serves, and its size.
+- ``training_job_model``: a training job's ``model.tar.gz`` (the job the state file records), which
+  an LLM container serves as it is.
 - ``size_instance`` / ``endpoint_cost``: the cheapest GPU instance whose memory holds the weights with
   room for the KV cache (the SDK's own table of GPUs per instance type), and what an endpoint on it
   costs per hour, said before anything is created.
@@ -93,6 +95,29 @@ def merged_weights(s3_client, package: dict) -> dict:
         "bytes": sum(o["Size"] for o in objects if o["Key"].endswith(".safetensors")),
         "files": sorted(o["Key"][len(prefix) :] for o in objects),
     }
+
+
+def training_job_model(sagemaker_client, s3_client, state_file: str, job_key: str = "grpo_job") -> dict:
+    """``{"job", "S3Uri", "bytes"}`` of the ``model.tar.gz`` of the job the state file records under
+    ``job_key`` (notebook 03 records its GRPO job as ``grpo_job``): the folder the script saved in
+    ``SM_MODEL_DIR``, LoRA merged, which SageMaker packed. ``bytes`` is the archive's size, which stands
+    in for the weights' (safetensors compress little). A job not recorded, or not completed, is a
+    LookupError that says which notebook to run."""
+    from helpers.workshop import State
+
+    job_name = State(state_file).load().get(job_key)
+    if job_name is None:
+        raise LookupError(
+            f"{state_file} records no {job_key}: run notebook 03 (03_boto3_grpo.ipynb) first, with this work_dir."
+        )
+    job = sagemaker_client.describe_training_job(TrainingJobName=job_name)
+    if job["TrainingJobStatus"] != "Completed":
+        raise LookupError(
+            f"Training job {job_name} is {job['TrainingJobStatus']}, not Completed: run notebook 03 to its end first."
+        )
+    uri = job["ModelArtifacts"]["S3ModelArtifacts"]
+    bucket, _, key = uri.removeprefix("s3://").partition("/")
+    return {"job": job_name, "S3Uri": uri, "bytes": s3_client.head_object(Bucket=bucket, Key=key)["ContentLength"]}
 
 
 # --------------------------------------------------------------------------- sizing and cost
