@@ -23,18 +23,16 @@ annotations become a program), for a few supervised steps when the base model ha
 from __future__ import annotations
 
 import contextlib
-import re
 import zlib
 from concurrent.futures import ThreadPoolExecutor
 
 from common import stats
 from common.advantages import group_advantages, is_flat
-from common.episodes import END_REASONS, ChatTurns, Episode, policy_gradient_inputs, run_episode
+from common.episodes import END_REASONS, ChatTurns, Episode, policy_gradient_inputs, replay_episode, run_episode
 
 from helpers.training_sessions import grpo
 
 MAX_TOKENS = grpo.MAX_TOKENS  # the service's smallest maxTokens; a turn ends earlier at its end of turn
-_CALCULATION = re.compile(r"<<([^=<>]+)=[^<>]*>>")  # GSM8K's calculator annotation: <<48/2=24>>
 
 
 @contextlib.contextmanager
@@ -235,34 +233,14 @@ def show_episode(tokenizer, episode: Episode) -> str:
 # --------------------------------------------------------------------------- warm-up demonstrations
 
 
-def demonstration(example: dict) -> list[str]:
-    """The turns a tool user would write for a GSM8K example: its worked answer's calculator annotations
-    (``<<48/2=24>>``) as one program that prints each calculation, then ``#### <answer>``; a worked answer
-    without a calculation is the final line alone."""
-    final = "#### " + example["answer"].split("####")[-1].strip()
-    calculations = _CALCULATION.findall(example["answer"])
-    if not calculations:
-        return [final]
-    program = "\n".join(f"print({c.strip()})" for c in calculations)
-    return [f"```python\n{program}\n```", final]
-
-
 def warmup_episodes(env, chat: ChatTurns, examples: list[dict], context: int) -> list[Episode]:
-    """Each example's ``demonstration`` played through ``run_episode`` as if the model had written it: the
-    tool runs the program, and its reply is the real tool turn. ``episode_datum(episode)`` makes it a
-    cross_entropy datum (weight 1 on the demonstrated turns, 0 on the prompt and the tool's reply). A
-    demonstration that does not fit the context is left out."""
-    end_of_turn = [chat.end_of_turn]
-    episodes = []
-    for example in examples:
-        turns = iter(chat.tokenizer.encode(t, add_special_tokens=False) + end_of_turn for t in demonstration(example))
+    """Each example's ``demonstration`` (``environments/python_tool.py``) replayed as if the model had
+    written it, the tool's real reply included. ``episode_datum(episode)`` makes it a cross_entropy datum
+    (weight 1 on the demonstrated turns, 0 on the prompt and the tool's reply). A demonstration that does
+    not fit the context is left out."""
+    from environments.python_tool import demonstration
 
-        def play(tokens, room, turns=turns):
-            turn = next(turns)
-            return turn, [0.0] * len(turn), "stop"
-
-        episode = run_episode(example, env, chat, play, max_turns=len(demonstration(example)), context=context)
-        if episode.end_reason == "answered":
-            episodes.append(episode)
+    episodes = [replay_episode(example, env, chat, demonstration(example), context) for example in examples]
+    episodes = [e for e in episodes if e.end_reason == "answered"]
     env.step_metrics()  # the demonstrations' tool calls are not the loop's
     return episodes

@@ -124,6 +124,21 @@ def run_episode(example: dict, environment, chat: ChatTurns, sample: Sampler, ma
     return episode
 
 
+def replay_episode(example: dict, environment, chat: ChatTurns, turns: list[str], context: int) -> Episode:
+    """``turns`` played through ``run_episode`` as if the model had written them: the tool runs each
+    call, and its reply is the real tool turn. For demonstrations (supervised warm-up, a format-tuned
+    base model): weight 1 on the given turns, 0 on the prompt and the tool's replies."""
+    tokenized = iter(chat.tokenizer.encode(t, add_special_tokens=False) + [chat.end_of_turn] for t in turns)
+
+    def play(tokens: list[int], room: int) -> tuple[list[int], list[float], str]:
+        turn = next(tokenized)
+        if len(turn) > room:  # it does not fit: cut, as a sampler would, and the episode ends "length"
+            return turn[:room], [0.0] * room, "length"
+        return turn, [0.0] * len(turn), "stop"
+
+    return run_episode(example, environment, chat, play, max_turns=len(turns), context=context)
+
+
 def policy_gradient_inputs(episode: Episode, advantage: float) -> dict[str, list]:
     """The loss inputs of one episode for importance_sampling / ppo, shifted by one (position i of the
     model input predicts target i): every sampled token, in every turn, carries weight 1, its sampler

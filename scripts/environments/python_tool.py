@@ -26,6 +26,7 @@ SYSTEM_PROMPT = (
     "with '#### <answer>'."
 )
 _PYTHON_BLOCK = re.compile(r"```python[^\n]*\n(.*?)```", re.DOTALL)
+_CALCULATION = re.compile(r"<<([^=<>]+)=[^<>]*>>")  # GSM8K's calculator annotation: <<48/2=24>>
 # What the model reads when a call fails, by the sandbox's verdict: what happened, never the machinery.
 STOPPED = {
     "time_limit": "Stopped: the program ran past its time limit of {time:g} s.",
@@ -34,6 +35,19 @@ STOPPED = {
     "sandbox_violation": "Stopped: the program tried what the tool does not allow (files, network, processes).",
     "judge_error": "The tool could not run the program.",
 }
+
+
+def demonstration(example: dict) -> list[str]:
+    """The turns a tool user would write for a GSM8K example: its worked answer's calculator annotations
+    (``<<48/2=24>>``) as one program that prints each calculation, then ``#### <answer>``; a worked answer
+    without a calculation is the final line alone. Played through ``common.episodes.replay_episode``, the
+    tool's real reply lands between the two."""
+    final = "#### " + example["answer"].split("####")[-1].strip()
+    calculations = _CALCULATION.findall(example["answer"])
+    if not calculations:
+        return [final]
+    program = "\n".join(f"print({c.strip()})" for c in calculations)
+    return [f"```python\n{program}\n```", final]
 
 
 class PythonToolEnvironment:

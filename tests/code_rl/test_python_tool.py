@@ -137,13 +137,18 @@ def test_shaping_is_a_parameter_and_bad_values_are_refused(tokenizer, code_sandb
 
 
 def test_a_worked_answers_calculations_become_a_demonstrated_tool_call(tokenizer, tool_env):
+    from environments.python_tool import demonstration
+
     from helpers.training_sessions import tool_rl
 
     worked = {"question": "Mei has 7 cards and gives 5 away. How many are left?", "answer": "7-5 = <<7-5=2>>2\n#### 2"}
     stated = {"question": "A week has how many days?", "answer": "A week has 7 days.\n#### 7"}
-    assert tool_rl.demonstration(worked) == ["```python\nprint(7-5)\n```", "#### 2"]
-    assert tool_rl.demonstration(stated) == ["#### 7"]
+    assert demonstration(worked) == ["```python\nprint(7-5)\n```", "#### 2"]
+    assert demonstration(stated) == ["#### 7"]
     shown, direct = tool_rl.warmup_episodes(tool_env, ChatTurns(tokenizer), [worked, stated], context=1024)
     assert shown.tool_replies == ["2"] and shown.end_reason == "answered" and len(shown.turns) == 2
     assert direct.tool_replies == [] and direct.turns == ["#### 7"]
     assert "[tool turn, weight 0]" in tool_rl.show_episode(tokenizer, shown)
+    # a demonstration longer than the context is cut where a sampler would stop, and left out
+    prompt_length = shown.prompt_length
+    assert tool_rl.warmup_episodes(tool_env, ChatTurns(tokenizer), [worked], context=prompt_length + 3) == []
