@@ -355,11 +355,11 @@ def win_rate(verdicts: Sequence[dict]) -> dict[str, float]:
 POSITION_BIAS_LIMIT = 0.9
 
 
-def _by_position(figures: dict) -> str | None:
+def _by_position(figures: dict, pairs: str) -> str | None:
     for position in ("first", "second"):
         share = figures.get(f"chose_{position}", math.nan)
         if not math.isnan(share) and share >= POSITION_BIAS_LIMIT:
-            return f"it chose the answer it read {position} in {share:.0%} of the {figures['orders']:.0f} orders it was asked"
+            return f"it chose the answer it read {position} in {share:.0%} of the {figures['orders']:.0f} orders of {pairs}"
     return None
 
 
@@ -368,7 +368,11 @@ def judge_too_weak(quality: dict, rate: dict | None = None) -> str | None:
     its agreement with the checker (``judge_quality``) is not beyond ``GAIN_STANDARD_ERRORS`` of a coin's
     standard errors above 0.5 (a coin's: the measured one is 0 when every verdict agreed), or when it chose
     one position in ``POSITION_BIAS_LIMIT`` of its orders, on the checker's pairs or on ``rate``'s."""
-    reasons = [reason for reason in (_by_position(quality), rate and _by_position(rate)) if reason]
+    reasons = [
+        reason
+        for reason in (_by_position(quality, "the checked pairs"), rate and _by_position(rate, "these pairs"))
+        if reason
+    ]
     if not quality["judgeable"]:
         reasons.append("no pair had exactly one right answer to check it on")
     elif not quality["surviving"]:
