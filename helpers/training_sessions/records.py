@@ -56,10 +56,11 @@ def largest_difference(records: list[dict], others: list[dict]) -> float:
 
 def record(work_dir: str | os.PathLike, notebook: str, training_client, history: list[dict], **extra) -> dict:
     """Append this notebook's session (name, status, steps, final metrics, billable tokens) to
-    ``<work_dir>/training_sessions.json``, which the main job's summary reads."""
+    ``<work_dir>/training_sessions.json``, which the main job's summary reads. ``training_client`` is the
+    SDK's, or the session's name where boto3 drives it (notebook 10)."""
     import boto3
 
-    name = training_client.training_session_name
+    name = training_client if isinstance(training_client, str) else training_client.training_session_name
     detail = boto3.client("sagemaker").describe_training_session(TrainingSessionName=name)["TrainingSessionDetail"]
     entry = {
         "notebook": notebook,
