@@ -63,12 +63,13 @@ BEGIN, END = "<!-- serving:begin -->", "<!-- serving:end -->"
 
 @dataclass
 class Served:
-    """One streamed answer: its text, output tokens, and times from sending it (s)."""
+    """One streamed answer: its text, output tokens, and times from sending it (s); or why it failed."""
 
     text: str
     tokens: int
     latency: float
     first_token: float
+    error: str = ""
 
 
 @dataclass
@@ -85,18 +86,28 @@ class Level:
     same_answers: int | None = None  # prompts answered as transformers serve answered them
 
     @property
+    def served(self) -> list[Served]:
+        return [a for a in self.answers if not a.error]
+
+    @property
+    def failed(self) -> int:
+        return len(self.answers) - len(self.served)
+
+    @property
     def tokens(self) -> int:
-        return sum(a.tokens for a in self.answers)
+        return sum(a.tokens for a in self.served)
 
     @property
     def tokens_per_s(self) -> float:
         return self.tokens / self.wall_s
 
     def latency(self, percentile: float) -> float:
-        return float(numpy.percentile([a.latency for a in self.answers], percentile))
+        """Of the answers served (nan where none was)."""
+        return float(numpy.percentile([a.latency for a in self.served], percentile)) if self.served else float("nan")
 
     def first_token(self, percentile: float) -> float:
-        return float(numpy.percentile([a.first_token for a in self.answers], percentile))
+        served = [a.first_token for a in self.served]
+        return float(numpy.percentile(served, percentile)) if served else float("nan")
 
 
 # --------------------------------------------------------------------------- reading a stream
@@ -179,10 +190,20 @@ def openai_sender(client, model: str) -> Callable[[dict], Served]:
 
 
 def run_level(send: Callable[[dict], Served], bodies: list[dict], in_flight: int) -> tuple[list[Served], float]:
-    """Every body sent once, ``in_flight`` at a time; the answers in the bodies' order and the wall time."""
+    """Every body sent once, ``in_flight`` at a time; the answers in the bodies' order and the wall time.
+    A request that fails (an endpoint answers within SageMaker's 60 s or not at all) is counted as failed."""
+
+    def attempt(body: dict) -> Served:
+        sent = time.perf_counter()
+        try:
+            return send(body)
+        except Exception as error:  # noqa: BLE001 - any failure is a figure of the level, not the run's end
+            waited = time.perf_counter() - sent
+            return Served("", 0, waited, waited, error=f"{type(error).__name__}: {str(error)[:300]}")
+
     started = time.perf_counter()
     with ThreadPoolExecutor(max_workers=in_flight) as pool:
-        answers = list(pool.map(send, bodies))
+        answers = list(pool.map(attempt, bodies))
     return answers, time.perf_counter() - started
 
 
@@ -314,7 +335,9 @@ def measure_levels(
                     levels.append(level)
                     log(
                         f"  serving {name}, {server}, {count_in_flight} in flight: {level.tokens_per_s:.1f} tokens/s, "
-                        f"p50 {level.latency(50):.2f} s, p99 {level.latency(99):.2f} s (load {level.load:.1f})"
+                        f"p50 {level.latency(50):.2f} s, p99 {level.latency(99):.2f} s, {level.failed} failed"
+                        + (f" ({next(a.error for a in level.answers if a.error)})" if level.failed else "")
+                        + f" (load {level.load:.1f})"
                     )
                 reference = [a.text for a in answers[BASELINE]]
                 for level in levels[-len(senders) :]:
@@ -328,15 +351,15 @@ def measure_levels(
 def serving_table(levels: list[Level]) -> str:
     """The benchmark's own table: one line per model, server and number of requests in flight."""
     lines = [
-        "| model | server | in flight | requests | output tokens | tokens/s | vs transformers serve | p50 latency s | p99 latency s | p50 TTFT s | same answers | load |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| model | server | in flight | requests | failed | output tokens | tokens/s | vs transformers serve | p50 latency s | p99 latency s | p50 TTFT s | same answers | load |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     baselines = {(b.model, b.in_flight): b for b in levels if b.server == BASELINE}
     for level in levels:
         baseline = baselines.get((level.model, level.in_flight))
         ratio = f"{level.tokens_per_s / baseline.tokens_per_s:.2f}" if baseline else "-"
         lines.append(
-            f"| {level.model} | {level.server} | {level.in_flight} | {len(level.answers)} | {level.tokens} | "
+            f"| {level.model} | {level.server} | {level.in_flight} | {len(level.answers)} | {level.failed} | {level.tokens} | "
             f"{level.tokens_per_s:.1f} | {ratio} | {level.latency(50):.3f} | {level.latency(99):.3f} | "
             f"{level.first_token(50):.3f} | {level.same_answers}/{len(level.answers)} | {level.load:.1f} |"
         )
@@ -362,7 +385,7 @@ def rows(levels: list[Level]) -> list[Row]:
                 notes=f"latency p50/p99 {level.latency(50):.3f}/{level.latency(99):.3f} s vs "
                 f"{baseline.latency(50):.3f}/{baseline.latency(99):.3f} s; TTFT p50 {level.first_token(50):.3f} vs "
                 f"{baseline.first_token(50):.3f} s; {level.tokens} vs {baseline.tokens} tokens; same answers "
-                f"{level.same_answers}/{len(level.answers)}; load {level.load:.1f}",
+                f"{level.same_answers}/{len(level.answers)}; failed {level.failed} vs {baseline.failed}; load {level.load:.1f}",
                 extra={"p50_s": level.latency(50), "p99_s": level.latency(99), "ttft_p50_s": level.first_token(50)},
             )
         )

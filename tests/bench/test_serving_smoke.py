@@ -20,6 +20,18 @@ def test_a_stream_without_its_usage_is_refused():
         serving.read_stream(0.0, [{"choices": [{"delta": {"content": "4"}}]}])
 
 
+def test_a_failed_request_is_counted_and_the_level_goes_on():
+    def send(body):
+        if body["n"] == 1:
+            raise TimeoutError("no answer within 60 s")
+        return serving.Served("x", 3, 0.5, 0.1)
+
+    answers, _ = serving.run_level(send, [{"n": 0}, {"n": 1}, {"n": 2}], in_flight=2)
+    level = serving.Level("tiny", "endpoint", 2, 4, answers, wall_s=1.0, load=0.0)
+    assert level.failed == 1 and answers[1].error == "TimeoutError: no answer within 60 s"
+    assert level.tokens == 6 and level.latency(99) == 0.5
+
+
 def test_the_table_is_written_between_its_markers(tmp_path):
     page = tmp_path / "page.md"
     page.write_text(f"before\n{serving.BEGIN}\nold\n{serving.END}\nafter\n")
@@ -43,14 +55,14 @@ def test_every_server_at_every_number_in_flight(monkeypatch, tiny_model_path):
         (server, count) for count in (1, 2) for server in serving.SERVERS
     ]
     for level in levels:
-        assert len(level.answers) == 2 and level.tokens_per_s > 0
+        assert len(level.answers) == 2 and level.failed == 0 and level.tokens_per_s > 0
         assert all(0 < a.tokens <= 4 and 0 < a.first_token <= a.latency for a in level.answers)
         assert 0 < level.latency(50) <= level.latency(99)
     # One request at a time, greedy: the session's and the endpoint's answers are transformers serve's.
     assert [level.same_answers for level in levels if level.in_flight == 1] == [2, 2, 2]
 
     table = serving.serving_table(levels).splitlines()
-    assert table[0].startswith("| model | server | in flight | requests | output tokens | tokens/s |")
+    assert table[0].startswith("| model | server | in flight | requests | failed | output tokens | tokens/s |")
     assert len(table) == 2 + len(levels) and len({line.count("|") for line in table}) == 1
 
     rows = serving.rows(levels)  # the combined table's: session and endpoint against transformers serve
