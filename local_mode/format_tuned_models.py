@@ -8,7 +8,12 @@ on worked answers and registers the result with the local training-session servi
 - ``--task gsm8k`` (100 steps): the count problems of ``offline_data.count_problem_records``, answered ``#### n``;
 - ``--task code`` (20 steps): the project's code problems (``local_mode/offline_data.py``), answered with
   one fenced program; stopped early, so that about half its completions still hold no program and
-  code RL has a format to learn.
+  code RL has a format to learn;
+- ``--task tool`` (200 steps): episodes with the Python tool (notebook 15). Each easy GSM8K-format
+  problem's worked answer becomes a demonstration (``environments.python_tool.demonstration``): a
+  program that prints the calculation, the tool's real reply from the sandbox, then ``#### n``. Only
+  the model's turns are learned. An instruct model in the cloud already calls a tool it is offered;
+  the tiny one has to be shown the shape of a call, and RL then teaches it to use the reply.
 
 Runs in the main environment (torch):
 
@@ -26,8 +31,13 @@ import json
 import random
 from pathlib import Path
 
-FORMAT_TUNED_MODELS = {"gsm8k": "local/tiny-qwen2-gsm8k-format", "code": "local/tiny-qwen2-code-format"}
-DEFAULT_STEPS = {"gsm8k": 100, "code": 20}
+FORMAT_TUNED_MODELS = {
+    "gsm8k": "local/tiny-qwen2-gsm8k-format",
+    "code": "local/tiny-qwen2-code-format",
+    "tool": "local/tiny-qwen2-tool-format",
+}
+DEFAULT_STEPS = {"gsm8k": 100, "code": 20, "tool": 200}
+TOOL_CONTEXT = 1024  # tokens a demonstration may fill, as notebook 15's episodes
 
 
 def worked_examples(task: str, seed: int) -> list[tuple[list[dict], str]]:
@@ -50,6 +60,54 @@ def worked_examples(task: str, seed: int) -> list[tuple[list[dict], str]]:
     ]
 
 
+def tool_demonstrations(tokenizer, seed: int, n: int = 512) -> list[tuple[list[int], list[int]]]:
+    """(tokens, labels) of tool-use episodes replayed through the real tool: the label is the token on
+    the model's turns and -100 (not learned) on the prompt and the tool's replies."""
+    from common.episodes import ChatTurns, replay_episode
+    from environments.python_tool import PythonToolEnvironment, demonstration
+    from sandbox import Sandbox
+
+    from local_mode.offline_data import gsm8k_easy_records
+
+    chat = ChatTurns(tokenizer)
+    with Sandbox(workers=2) as sandbox:
+        env = PythonToolEnvironment(sandbox=sandbox)
+        episodes = [
+            replay_episode(example, env, chat, demonstration(example), TOOL_CONTEXT)
+            for example in gsm8k_easy_records(n, seed=seed + 1)  # other problems than notebook 00 stages
+        ]
+    return [
+        (e.tokens, [t if s else -100 for t, s in zip(e.tokens, e.sampled, strict=True)])
+        for e in episodes
+        if e.end_reason == "answered"
+    ]
+
+
+def training_sequences(tokenizer, task: str, seed: int) -> list[tuple[list[int], list[int]]]:
+    """(tokens, labels) to fine-tune on; labels are -100 where nothing is learned (the prompt)."""
+    if task == "tool":
+        return tool_demonstrations(tokenizer, seed)
+    sequences = []
+    for messages, answer in worked_examples(task, seed):
+        text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        prompt = tokenizer(text, add_special_tokens=False)["input_ids"]
+        answer_ids = tokenizer(answer, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+        sequences.append((prompt + answer_ids, [-100] * len(prompt) + answer_ids))  # only the answer is learned
+    return sequences
+
+
+def learned_token_loss(model, input_ids, attention_mask, label_ids):
+    """The mean cross-entropy of the tokens whose label is not -100, as ``model(..., labels=).loss``, with
+    logits computed only at those positions: the vocabulary is 150 k wide, and most positions are prompt
+    or tool reply, so this takes a fraction of the memory and time."""
+    import torch
+
+    hidden = model.get_decoder()(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+    learned = label_ids[:, 1:] != -100  # position i predicts token i + 1
+    logits = model.get_output_embeddings()(hidden[:, :-1][learned])
+    return torch.nn.functional.cross_entropy(logits.float(), label_ids[:, 1:][learned])
+
+
 def build(out_dir: Path, task: str, steps: int, seed: int = 0) -> Path:
     import torch
     from torch.nn.utils.rnn import pad_sequence
@@ -62,20 +120,16 @@ def build(out_dir: Path, task: str, steps: int, seed: int = 0) -> Path:
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir())
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
     rng = random.Random(seed)
-    examples = worked_examples(task, seed)
+    sequences = training_sequences(tokenizer, task, seed)
     for _ in range(steps):
         rows, labels = [], []
-        for messages, answer in rng.sample(examples, 32):
-            text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-            prompt = tokenizer(text, add_special_tokens=False)["input_ids"]
-            answer_ids = tokenizer(answer, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
-            rows.append(torch.tensor(prompt + answer_ids))
-            labels.append(torch.tensor([-100] * len(prompt) + answer_ids))  # only the answer is learned
+        for tokens, token_labels in rng.sample(sequences, 32):
+            rows.append(torch.tensor(tokens))
+            labels.append(torch.tensor(token_labels))
         input_ids = pad_sequence(rows, batch_first=True, padding_value=tokenizer.pad_token_id)
         attention_mask = pad_sequence([torch.ones_like(r) for r in rows], batch_first=True, padding_value=0)
         label_ids = pad_sequence(labels, batch_first=True, padding_value=-100)
-        loss = model(input_ids=input_ids, attention_mask=attention_mask, labels=label_ids).loss
-        loss.backward()
+        learned_token_loss(model, input_ids, attention_mask, label_ids).backward()
         optimizer.step()
         optimizer.zero_grad()
     model.save_pretrained(out_dir)
@@ -86,7 +140,7 @@ def build(out_dir: Path, task: str, steps: int, seed: int = 0) -> Path:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--task", default="gsm8k", choices=sorted(FORMAT_TUNED_MODELS))
-    parser.add_argument("--steps", type=int, default=None, help="default: 100 for gsm8k, 20 for code")
+    parser.add_argument("--steps", type=int, default=None, help="default: 100 for gsm8k, 20 for code, 200 for tool")
     args = parser.parse_args()
     import os
 

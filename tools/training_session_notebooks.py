@@ -72,7 +72,7 @@ CI_PARAMETERS = {
     },
     "14": {"task": "count", "held_out_problems": 16, "max_tokens": 20, "stop": ["\n"], "judge_max_tokens": 24},
     "15": {
-        "base_model": "local/tiny-qwen2-gsm8k-format",
+        "base_model": "local/tiny-qwen2-tool-format",
         "lora_rank": 16,
         "lora_alpha": 32,
         "max_steps": 16,
