@@ -213,7 +213,7 @@ def rows(figures: dict) -> list[dict]:
             )
         held_out = s.get("held_out")
         if held_out:
-            kind = {"08": "GRPO", "09": "code RL"}.get(notebook, "training session")
+            kind = {"08": "GRPO", "09": "code RL", "15": "tool RL", "16": "distillation"}.get(notebook, "RL")
             measure = held_out.get("measure") or ("solve rate" if notebook == "09" else "accuracy")
             what = (
                 f"{kind} (training session): held-out {measure}, {held_out.get('problems', '?')} problems x "
