@@ -133,6 +133,19 @@ SMOLLM2_GRPO = {
     "micro_batch_size": 12,
     "max_new_tokens": 24,
 }
+# GRPO on a training session (LoRA), notebook 08's steps; notebook 16 distils with the same ones.
+SMOLLM2_GRPO_SESSION = {
+    "base_model": "local/smollm2-135m-instruct",
+    "lora_rank": 16,
+    "lora_alpha": 32,
+    "task": "gsm8k",
+    "max_steps": 10,
+    "prompts_per_step": 6,
+    "group_size": 6,
+    "learning_rate": 1e-3,
+    "stop": ["\n"],
+    "format_reward_weight": 0.5,
+}
 SMOLLM2_PARAMETERS = {
     "00": {"model_id": "smollm2", "data_source": "offline", "n_train": 64, "n_test": 32},
     "01": SMOLLM2_SFT,
@@ -187,16 +200,7 @@ SMOLLM2_PARAMETERS = {
     # rest go on): the first line is the answer (the checker reads its last number), which keeps a step
     # under a minute on 2 cores. Held out: greedy, the same 32 problems before and after.
     "08": {
-        "base_model": "local/smollm2-135m-instruct",
-        "lora_rank": 16,
-        "lora_alpha": 32,
-        "task": "gsm8k",
-        "max_steps": 10,
-        "prompts_per_step": 6,
-        "group_size": 6,
-        "learning_rate": 1e-3,
-        "stop": ["\n"],
-        "format_reward_weight": 0.5,
+        **SMOLLM2_GRPO_SESSION,
         "held_out_problems": 32,
         "held_out_samples": 1,
         "held_out_temperature": 0.0,
@@ -224,6 +228,16 @@ SMOLLM2_PARAMETERS = {
         "held_out_problems": 32,
         "held_out_samples": 2,
         "held_out_temperature": 1.0,
+    },
+    # On-policy distillation from 08's trained model, against GRPO from the same start with 08's own settings
+    # (so the GRPO run repeats the teacher's training); the held-out curves every 2 steps, greedy, on 08's
+    # 32 held-out problems.
+    "16": {
+        **SMOLLM2_GRPO_SESSION,
+        "held_out_problems": 32,
+        "held_out_samples": 1,
+        "held_out_temperature": 0.0,
+        "eval_every": 2,
     },
     # DPO on a training session (LoRA; the session trains on one core): few pairs a step, since every
     # step passes them through the model twice.
