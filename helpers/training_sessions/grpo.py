@@ -170,6 +170,14 @@ def evaluate(
             tokenizer, sample_groups(sampling_client, tokenizer, env, problems, samples_per_problem, params)
         ),
     )
+    answers = [stats.given_answer(c, s) for g in groups for c, s in zip(g["completions"], g["scores"], strict=True)]
+    return held_out_result(groups, answers, samples_per_problem)
+
+
+def held_out_result(groups: list[dict], answers: list[str | None], samples_per_problem: int) -> dict:
+    """The held-out figures of scored groups, one group a problem (``score_groups``): accuracy and its
+    standard error over problems, ``per_problem`` for the paired change, the format reward, and
+    ``answer_diversity`` of ``answers`` (each answer's ``stats.given_answer``)."""
     per_problem = [sum(bool(s["correct"]) for s in g["scores"]) / len(g["scores"]) for g in groups]
     accuracy, standard_error = stats.mean_and_standard_error(per_problem)
     scores = [s for g in groups for s in g["scores"]]
@@ -177,12 +185,10 @@ def evaluate(
         "accuracy": accuracy,
         "standard_error": standard_error,
         "format_reward": sum(s["format_reward"] for s in scores) / len(scores),
-        "problems": len(problems),
+        "problems": len(groups),
         "samples_per_problem": samples_per_problem,
         "per_problem": per_problem,
-        "answer_diversity": stats.answer_diversity(
-            [stats.given_answer(c, s) for g in groups for c, s in zip(g["completions"], g["scores"], strict=True)]
-        ),
+        "answer_diversity": stats.answer_diversity(answers),
     }
 
 

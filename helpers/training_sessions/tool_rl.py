@@ -198,21 +198,12 @@ def evaluate(
             sampling_client, chat, env, problems, samples_per_problem, max_turns, context, temperature, seed, -1, stop
         ),
     )
-    per_problem = [sum(bool(s["correct"]) for s in g["scores"]) / len(g["scores"]) for g in groups]
-    accuracy, standard_error = stats.mean_and_standard_error(per_problem)
-    scores = [s for g in groups for s in g["scores"]]
     answers = [
         stats.given_answer(e.final_text, s) for g in groups for e, s in zip(g["episodes"], g["scores"], strict=True)
     ]
     return {
-        "accuracy": accuracy,
-        "standard_error": standard_error,
-        "format_reward": sum(s["format_reward"] for s in scores) / len(scores),
-        "problems": len(problems),
-        "samples_per_problem": samples_per_problem,
-        "per_problem": per_problem,
-        "answer_diversity": stats.answer_diversity(answers),
-        **tool_use(scores),
+        **grpo.held_out_result(groups, answers, samples_per_problem),
+        **tool_use([s for g in groups for s in g["scores"]]),
         "tool_failure_rate": env.step_metrics()["tool_failure_rate"],  # and the count starts again for the loop
         "first_episode": groups[0]["episodes"][0],
     }

@@ -122,3 +122,18 @@ def test_a_session_record_from_before_the_change_and_answers_were_kept_is_not_ca
     first, verdict = records.held_out_lines(held_out)
     assert first.startswith("held-out accuracy 0.300 ± 0.040 -> 0.500 ± 0.041")
     assert verdict == "change +0.200, +10.0 standard errors; the evaluation did not count its answers (an older one), not counted as a gain"  # fmt: skip
+
+
+def test_a_sessions_held_out_result_is_per_problem_accuracy_over_problems_with_its_answers_diversity():
+    from common import stats
+
+    from helpers.training_sessions import grpo
+
+    rows = ([1, 1], [0, 1], [0, 0], [1, 0])  # two answers a problem, right or not
+    groups = [{"scores": [{"correct": bool(c), "format_reward": 0.5 * c} for c in row]} for row in rows]
+    result = grpo.held_out_result(groups, ["2"] * 8, samples_per_problem=2)
+    assert result["per_problem"] == [1.0, 0.5, 0.0, 0.5]
+    assert (result["accuracy"], result["standard_error"]) == stats.mean_and_standard_error([1.0, 0.5, 0.0, 0.5])
+    assert result["standard_error"] > 0  # over problems, not over the 8 answers
+    assert (result["problems"], result["samples_per_problem"], result["format_reward"]) == (4, 2, 0.25)
+    assert stats.collapsed(result["answer_diversity"])  # every answer '2': no gain can be claimed from it
