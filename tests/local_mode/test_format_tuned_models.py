@@ -44,4 +44,6 @@ def test_the_learned_token_loss_equals_the_models_own_loss_with_labels(tokenizer
     attention_mask = torch.tensor([[1] * len(tokens) + [0] * (width - len(tokens)) for tokens, _ in rows])
     label_ids = torch.tensor([labels + [-100] * (width - len(labels)) for _, labels in rows])
     expected = model(input_ids=input_ids, attention_mask=attention_mask, labels=label_ids).loss
-    assert learned_token_loss(model, input_ids, attention_mask, label_ids).item() == pytest.approx(expected.item(), rel=1e-5)
+    assert learned_token_loss(model, input_ids, attention_mask, label_ids).item() == pytest.approx(
+        expected.item(), rel=1e-5
+    )
