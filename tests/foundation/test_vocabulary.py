@@ -46,7 +46,9 @@ def parameters(path: Path) -> dict[str, ast.expr]:
 
 
 def stray_old_names(text: str) -> list[str]:
-    return [line.strip() for line in text.splitlines() if OLD_NAMES.search(line) and not any(a in line for a in ALLOWED)]
+    return [
+        line.strip() for line in text.splitlines() if OLD_NAMES.search(line) and not any(a in line for a in ALLOWED)
+    ]
 
 
 @pytest.mark.parametrize("path", CODE, ids=lambda p: str(p.relative_to(ROOT)))
@@ -56,7 +58,9 @@ def test_scripts_and_session_loops_use_one_name_each(path):
 
 def test_only_sft_and_dpo_have_a_batch_size():
     """Their examples (conversations, pairs) per optimizer step; evaluate.py's is generate_batch_size."""
-    declared = {p.name for p in (ROOT / "scripts").glob("*.py") if re.search(r"^    batch_size: int", p.read_text(), re.M)}
+    declared = {
+        p.name for p in (ROOT / "scripts").glob("*.py") if re.search(r"^    batch_size: int", p.read_text(), re.M)
+    }
     assert declared == {"sft.py", "dpo.py"}
 
 

@@ -174,7 +174,9 @@ def test_session_code_rl_on_the_real_model_raises_the_held_out_solve_rate_beyond
     gain = held_out["after"] - held_out["before"]
     assert gain >= 2 * held_out["change_standard_error"] > 0, held_out
     assert not stats.collapsed(held_out["after_answer_diversity"]), held_out  # not one program for most problems
-    assert record["test_pass_fraction"]["last_quarter"] > record["test_pass_fraction"]["first_quarter"], record["test_pass_fraction"]
+    assert record["test_pass_fraction"]["last_quarter"] > record["test_pass_fraction"]["first_quarter"], record[
+        "test_pass_fraction"
+    ]
 
 
 def test_job_code_rl_on_the_real_model_raises_the_held_out_solve_rate_beyond_its_noise(smollm2_run):

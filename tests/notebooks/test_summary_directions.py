@@ -66,7 +66,9 @@ def test_a_test_pass_fraction_that_stays_zero_is_shown_without_a_claim(tmp_path)
         "04_code_rl",
         {"no_code_rate": [0.6, 0.5, 0.4, 0.3], "reward": [0.2, 0.25, 0.3, 0.35], "test_pass_fraction": [0, 0, 0, 0]},
     )
-    assert "- 04_code_rl: test_pass_fraction 0 -> 0 over 4 steps (no direction expected: the tiny model's programs" in text
+    assert (
+        "- 04_code_rl: test_pass_fraction 0 -> 0 over 4 steps (no direction expected: the tiny model's programs" in text
+    )
     assert all(c["holds"] for c in summary["curves"] if c["should"])
 
 

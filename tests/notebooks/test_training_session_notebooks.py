@@ -277,7 +277,9 @@ def test_session_code_rl_judges_every_step_in_the_sandbox_while_sampling(noteboo
     assert record["steps"] == training_session_notebooks.CI_PARAMETERS["09"]["max_steps"]
     assert 0 < record["no_code_rate"]["first_quarter"] < 1  # some completions hold a program, some not
     final = record["final_metrics"]
-    assert {"accepted_rate", "wrong_answer_rate", "runtime_error_rate", "test_pass_fraction", "judge_time"} <= set(final)
+    assert {"accepted_rate", "wrong_answer_rate", "runtime_error_rate", "test_pass_fraction", "judge_time"} <= set(
+        final
+    )
     assert final["judge_time"] > 0  # the sandbox pool judged the last step's programs
     assert record["billable_tokens"]["sample"] > 0 and record["billable_tokens"]["training"] > 0
     summary = (notebook_run.out / "summary.md").read_text()
