@@ -54,7 +54,7 @@ def largest_difference(records: list[dict], others: list[dict]) -> float:
     return largest
 
 
-def record(work_dir: str | os.PathLike, notebook: str, training_client, history: list[dict], **extra) -> dict:
+def record(work_dir: str | os.PathLike, notebook: str, training_client, history: list[dict], **extra) -> None:
     """Append this notebook's session (name, status, steps, final metrics, billable tokens) to
     ``<work_dir>/training_sessions.json``, which the main job's summary reads. ``training_client`` is the
     SDK's, or the session's name where boto3 drives it (notebook 10)."""
@@ -75,7 +75,8 @@ def record(work_dir: str | os.PathLike, notebook: str, training_client, history:
     path.parent.mkdir(parents=True, exist_ok=True)
     entries = [e for e in (json.loads(path.read_text()) if path.exists() else []) if e["notebook"] != notebook]
     path.write_text(json.dumps(entries + [entry], indent=1))
-    return entry
+    # Nothing is returned: the notebook's last cell would show the whole record, which its 'What you saw'
+    # cell reads back in a few lines.
 
 
 def read(work_dir: str | os.PathLike) -> list[dict]:
