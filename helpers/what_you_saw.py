@@ -19,6 +19,7 @@ from pathlib import Path
 from common.stats import GAIN_STANDARD_ERRORS
 
 from helpers.results import STATE_FILE, number, recorded, rows
+from helpers.training_sessions import records
 
 # The curves of a job's loop, known by a metric only that loop logs (the first found decides), each with
 # its unit; then what the loop measured once, at its end, on its test channel: no before, no standard error.
@@ -158,6 +159,7 @@ def _session(session: dict) -> list[str]:
                 f"  {metric}: {ends[first]:.3f} -> {ends[last]:.3f} {unit} "
                 f"(mean of the {first.replace('_', ' ')} of the steps -> the {last.replace('_', ' ')})"
             )
+    lines += [f"  {line}" for line in records.notebook_lines(session)]
     resume = session.get("resume") or {}
     if resume.get("largest_difference"):
         differences = "; ".join(f"{k} {v:.3g}" for k, v in resume["largest_difference"].items())

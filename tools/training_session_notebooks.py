@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from helpers.training_sessions.records import held_out_lines
+from helpers.training_sessions.records import held_out_lines, notebook_lines
 
 SDK_V3_KERNEL = "sagemaker-sdk-v3"  # the kernel of .venv-sessions, which the Makefile registers
 # The training-session notebooks: each drives a session (14 also an endpoint) and launches no training
@@ -160,16 +160,7 @@ def render(sessions: list[dict]) -> list[str]:
         if s.get("held_out"):
             first, *rest = held_out_lines(s["held_out"])
             lines += [f"  - {first}", *(f"    - {line}" for line in rest)]
-        for label, (accuracy, error) in (s.get("held_out_accuracy") or {}).items():  # 14's served models
-            lines.append(f"  - {label} model: held-out accuracy {accuracy:.3f} ± {error:.3f}, greedy")
-        if s.get("judge"):
-            from environments.llm_judge import describe_judge, describe_win_rate
-
-            lines.append(f"  - {describe_judge(s['judge'])}")
-            for label, rate in (s.get("win_rates") or {}).items():
-                lines.append(f"  - {describe_win_rate(rate, s['judge'], f'{label} model', 'base model')}")
-        if s.get("teacher"):  # notebook 16: the teacher, and each run's race to a share of its accuracy
-            lines += distillation_lines(s)
+        lines += [f"  - {line}" for line in notebook_lines(s)]  # 14's served models, 15's tool, 16's teacher
         if s.get("resume"):
             resume = s["resume"]
             differences = "; ".join(f"{label} {value:.3g}" for label, value in resume["largest_difference"].items())
@@ -179,32 +170,4 @@ def render(sessions: list[dict]) -> list[str]:
                 if differences
                 else f"  - no resume in this run (resume_from_step = {resume['from_step']}: the loop saved no checkpoint)"
             )
-    return lines
-
-
-def distillation_lines(s: dict) -> list[str]:
-    """Notebook 16's record: the teacher's held-out accuracy, the reverse KL's fall, and for each run
-    (distillation, GRPO) its held-out curve and the first measure that reached the target."""
-    teacher, comparison = s["teacher"], s["comparison"]
-    lines = [
-        f"  - teacher {teacher['model_package']}: held-out accuracy {teacher['accuracy']:.3f} ± "
-        f"{teacher['standard_error']:.3f}; target {comparison['target_share']:.0%} of it = {comparison['target']:.3f}"
-    ]
-    if s.get("reverse_kl"):
-        lines.append(
-            f"  - reverse KL per token, first quarter of the steps {s['reverse_kl']['first_quarter']:.4f} -> "
-            f"last quarter {s['reverse_kl']['last_quarter']:.4f}"
-        )
-    for name, curve in comparison["curves"].items():
-        step = comparison["reached_at_step"].get(name)
-        if step is None:
-            reached = f"did not reach the target in {curve[-1]['step']} steps"
-        elif step == 0:
-            reached = "the start is already at the target"
-        else:
-            point = next(p for p in curve if p["step"] == step)
-            reached = f"first at the target at step {step}, after {point['seconds']:.0f} s of training"
-        points = ", ".join(f"{p['accuracy']:.3f} ± {p['standard_error']:.3f}" for p in curve)
-        steps = ", ".join(str(p["step"]) for p in curve)
-        lines.append(f"  - {name}: {reached}; held-out accuracy after steps {steps}: {points}")
     return lines

@@ -109,3 +109,61 @@ def held_out_lines(held_out: dict) -> list[str]:
     if answers:
         lines.append(answers)
     return lines
+
+
+def notebook_lines(s: dict) -> list[str]:
+    """The lines of a record's fields that one notebook keeps, as the summary and the notebook's 'What you
+    saw' cell print them: 14's served models and judge, 15's tool use, 16's teacher and race."""
+    lines = []
+    for label, (accuracy, error) in (s.get("held_out_accuracy") or {}).items():  # 14's served models
+        lines.append(f"{label} model: held-out accuracy {accuracy:.3f} ± {error:.3f}, greedy")
+    if s.get("judge"):
+        from environments.llm_judge import describe_judge, describe_win_rate
+
+        lines.append(describe_judge(s["judge"]))
+        for label, rate in (s.get("win_rates") or {}).items():
+            lines.append(describe_win_rate(rate, s["judge"], f"{label} model", "base model"))
+    if s.get("tool_use"):  # 15: how the model used the tool, before and after, and the answers without it
+        before, after = s["tool_use"]["before"], s["tool_use"]["after"]
+        lines.append(
+            f"held out, per episode: tool calls {before['tool_calls_per_answer']:.3f} -> "
+            f"{after['tool_calls_per_answer']:.3f}, failed tool calls {before['tool_errors_per_answer']:.3f} -> "
+            f"{after['tool_errors_per_answer']:.3f}, a final '#### n' line {before['final_format']:.3f} -> "
+            f"{after['final_format']:.3f}"
+        )
+    if s.get("without_tool"):
+        lines.append(
+            f"without the tool, before training: held-out accuracy {s['without_tool']['accuracy']:.3f} ± "
+            f"{s['without_tool']['standard_error']:.3f}"
+        )
+    if s.get("teacher"):  # 16: the teacher, and each run's race to a share of its accuracy
+        lines += _distillation_lines(s)
+    return lines
+
+
+def _distillation_lines(s: dict) -> list[str]:
+    """Notebook 16's record: the teacher's held-out accuracy, the reverse KL's fall, and for each run
+    (distillation, GRPO) its held-out curve and the first measure that reached the target."""
+    teacher, comparison = s["teacher"], s["comparison"]
+    lines = [
+        f"teacher {teacher['model_package']}: held-out accuracy {teacher['accuracy']:.3f} ± "
+        f"{teacher['standard_error']:.3f}; target {comparison['target_share']:.0%} of it = {comparison['target']:.3f}"
+    ]
+    if s.get("reverse_kl"):
+        lines.append(
+            f"reverse KL per token, first quarter of the steps {s['reverse_kl']['first_quarter']:.4f} -> "
+            f"last quarter {s['reverse_kl']['last_quarter']:.4f}"
+        )
+    for name, curve in comparison["curves"].items():
+        step = comparison["reached_at_step"].get(name)
+        if step is None:
+            reached = f"did not reach the target in {curve[-1]['step']} steps"
+        elif step == 0:
+            reached = "the start is already at the target"
+        else:
+            point = next(p for p in curve if p["step"] == step)
+            reached = f"first at the target at step {step}, after {point['seconds']:.0f} s of training"
+        points = ", ".join(f"{p['accuracy']:.3f} ± {p['standard_error']:.3f}" for p in curve)
+        steps = ", ".join(str(p["step"]) for p in curve)
+        lines.append(f"{name}: {reached}; held-out accuracy after steps {steps}: {points}")
+    return lines

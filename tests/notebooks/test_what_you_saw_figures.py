@@ -126,3 +126,17 @@ def test_the_sdk_v3_kernel_imports_it_too(tmp_path):
     code = f"from helpers.what_you_saw import what_you_saw; what_you_saw('12_training_session_dpo', {str(work_dir)!r})"
     shown = subprocess.run([str(python), "-c", code], capture_output=True, text=True, check=True).stdout
     assert "before 0.500 ± 0.088 -> after 0.562 ± 0.088" in shown
+
+
+def test_notebook_15s_tool_use_and_its_answers_without_the_tool_are_in_its_lines():
+    from helpers.training_sessions import records
+
+    use = {"tool_calls_per_answer": 0.275, "tool_errors_per_answer": 0.01, "final_format": 0.965}
+    record = {
+        "tool_use": {"before": use, "after": {**use, "tool_calls_per_answer": 0.5}},
+        "without_tool": {"accuracy": 0.408, "standard_error": 0.065},
+    }
+    lines = records.notebook_lines(record)
+    assert lines[0].startswith("held out, per episode: tool calls 0.275 -> 0.500, failed tool calls 0.010 -> 0.010")
+    assert lines[1] == "without the tool, before training: held-out accuracy 0.408 ± 0.065"
+    assert records.notebook_lines({}) == []  # a notebook that keeps none of these fields adds no line
