@@ -368,11 +368,10 @@ def judge_too_weak(quality: dict, rate: dict | None = None) -> str | None:
     its agreement with the checker (``judge_quality``) is not beyond ``GAIN_STANDARD_ERRORS`` of a coin's
     standard errors above 0.5 (a coin's: the measured one is 0 when every verdict agreed), or when it chose
     one position in ``POSITION_BIAS_LIMIT`` of its orders, on the checker's pairs or on ``rate``'s."""
-    reasons = [
-        reason
-        for reason in (_by_position(quality, "the checked pairs"), rate and _by_position(rate, "these pairs"))
-        if reason
-    ]
+    checked, compared = _by_position(quality, "the checked pairs"), rate and _by_position(rate, "these pairs")
+    if checked and compared and checked.split(" in ")[0] == compared.split(" in ")[0]:  # the same position
+        checked, compared = f"{checked}, and in {compared.split(' in ', 1)[1]}", None
+    reasons = [reason for reason in (checked, compared) if reason]
     if not quality["judgeable"]:
         reasons.append("no pair had exactly one right answer to check it on")
     elif not quality["surviving"]:

@@ -195,3 +195,17 @@ def test_the_tiny_judge_constrained_to_one_token_gives_a_choice_in_every_order(l
     assert quality["orders"] == 12 and quality["judgeable"] == 6
     assert quality["chose_first"] + quality["chose_second"] == pytest.approx(1.0)  # no ties in one token
     assert describe_judge(quality).startswith("The judge on 6 pairs where exactly one answer is right")
+
+
+def test_a_judge_that_keeps_to_one_position_on_both_sets_of_pairs_is_told_so_once():
+    from environments.llm_judge import judge_too_weak
+
+    checked = {"chose_first": 0.0, "chose_second": 1.0, "orders": 32, "judgeable": 16, "surviving": 0}
+    reason = judge_too_weak(checked, {"chose_first": 0.0, "chose_second": 1.0, "orders": 20})
+    assert reason.startswith(
+        "it chose the answer it read second in 100% of the 32 orders of the checked pairs, "
+        "and in 100% of the 20 orders of these pairs; "
+    )
+    assert reason.count("it chose") == 1
+    other_side = judge_too_weak(checked, {"chose_first": 1.0, "chose_second": 0.0, "orders": 20})
+    assert "it chose the answer it read first in 100% of the 20 orders of these pairs" in other_side
