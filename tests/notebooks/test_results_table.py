@@ -177,3 +177,12 @@ def test_kept_copy_removes_the_run_folder_and_adds_provenance(tmp_path):
     assert kept["notebooks"][0]["executed"] == "./notebooks"
     assert kept["provenance"]["model"] == "tiny" and kept["provenance"]["machine"]["cores"] >= 1
     assert re.fullmatch(r"\d{4}-\d\d-\d\d", kept["provenance"]["date"])
+
+
+def test_the_benchmarks_distillation_figures_are_the_rendering_of_the_runs_they_name():
+    from tools import distillation_section
+
+    docs = (REPO / "docs" / "BENCHMARKS.md").read_text()
+    assert distillation_section.replace(docs, distillation_section.render()) == docs
+    for path in distillation_section.RUNS:
+        assert (REPO / path).exists(), f"{path}: keep it with python -m tools.results_table <run>/summary.json --keep"
