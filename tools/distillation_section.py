@@ -23,7 +23,7 @@ BEGIN = "<!-- distillation:begin -->"
 END = "<!-- distillation:end -->"
 NOTEBOOK = "16_training_session_distillation"
 # The runs the section shows, each kept by ``python -m tools.results_table <run>/summary.json --keep ...``.
-RUNS = ("docs/runs/main-tiny.json",)
+RUNS = ("docs/runs/main-tiny.json", "docs/runs/main-smollm2-16.json")
 
 
 def render_run(summary: dict) -> list[str]:
