@@ -409,11 +409,9 @@ def report(levels: list[Level], command: str) -> str:
 
 def write_between_markers(path: Path, block: str) -> None:
     """``block`` in place of what lies between ``BEGIN`` and ``END`` in ``path``."""
-    text = path.read_text()
-    start, end = text.find(BEGIN), text.find(END)
-    if start < 0 or end < start:
-        raise ValueError(f"{path} has no {BEGIN} ... {END} pair to write the table between")
-    path.write_text(text[: start + len(BEGIN)] + "\n" + block + text[end:])
+    from tools.results_table import replace_between_markers
+
+    path.write_text(replace_between_markers(path.read_text(), block, BEGIN, END))
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 
 from helpers.training_sessions.records import held_out_lines, notebook_lines
+from tools.results_table import replace_between_markers
 
 REPO = Path(__file__).resolve().parents[1]
 BEGIN = "<!-- distillation:begin -->"
@@ -46,10 +47,7 @@ def render(paths: tuple[str, ...] = RUNS) -> str:
 
 
 def replace(text: str, block: str) -> str:
-    start, end = text.find(BEGIN), text.find(END)
-    if start < 0 or end < start:
-        raise ValueError(f"no {BEGIN} ... {END} pair to write the figures between")
-    return text[: start + len(BEGIN)] + "\n" + block + text[end:]
+    return replace_between_markers(text, block, BEGIN, END)
 
 
 def main(argv: list[str] | None = None) -> int:

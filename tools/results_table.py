@@ -119,12 +119,13 @@ def render(summary: dict, summary_file: Path | None = None) -> str:
     return "\n".join(lines) + "\n"
 
 
-def replace_between_markers(text: str, block: str) -> str:
-    """``text`` with what lies between the marker comments replaced by ``block``."""
-    start, end = text.find(BEGIN), text.find(END)
-    if start < 0 or end < start:
-        raise ValueError(f"no {BEGIN} ... {END} pair to write the table between")
-    return text[: start + len(BEGIN)] + "\n" + block + text[end:]
+def replace_between_markers(text: str, block: str, begin: str = BEGIN, end: str = END) -> str:
+    """``text`` with what lies between the marker comments ``begin`` and ``end`` replaced by ``block``:
+    every generated part of the docs is written this way (this table, BENCHMARKS' sections)."""
+    start, stop = text.find(begin), text.find(end)
+    if start < 0 or stop < start:
+        raise ValueError(f"no {begin} ... {end} pair to write the generated part between")
+    return text[: start + len(begin)] + "\n" + block + text[stop:]
 
 
 def between_markers(text: str) -> str:
