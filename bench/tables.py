@@ -1,8 +1,10 @@
 """Rows of figures and the Markdown table they print as; the machine they were measured on.
 
 Every benchmark returns ``Row``s; ``format_table`` lines them up in one table so figures measured
-side by side read side by side. Peak memory is the process's peak RSS on CPU and
-``torch.cuda.max_memory_allocated`` on GPU (the ``memory`` column says which).
+side by side read side by side, under a line naming the machine (``machine_description``: the CPU,
+its matrix instruction sets, torch's threads, the load), since a ratio can change with the CPU.
+Peak memory is the process's peak RSS on CPU and ``torch.cuda.max_memory_allocated`` on GPU (the
+``memory`` column says which).
 """
 
 from __future__ import annotations
@@ -75,9 +77,11 @@ def _cells(row: Row) -> list[str]:
     return [row.benchmark, row.case, format_number(row.ours), baseline, ratio, row.unit, memory, row.notes]
 
 
-def format_table(rows: list[Row], title: str = "") -> str:
-    """A Markdown table (pipes escaped inside cells), optionally under a ``### title``."""
+def format_table(rows: list[Row], title: str = "", machine: str | None = None) -> str:
+    """A Markdown table (pipes escaped inside cells), optionally under a ``### title``, after the line
+    naming the machine it was measured on: ``machine``, or ``machine_description()`` of this one now."""
     lines = [f"### {title}", ""] if title else []
+    lines += [f"Machine: {machine if machine is not None else machine_description()}", ""]
     body = [[cell.replace("|", "\\|") for cell in _cells(row)] for row in rows]
     lines.append("| " + " | ".join(COLUMNS) + " |")
     lines.append("|" + "|".join("---" for _ in COLUMNS) + "|")
@@ -95,30 +99,107 @@ def peak_rss_mib() -> float:
     return peak / (1024 * 1024) if platform.system() == "Darwin" else peak / 1024
 
 
-def machine_description() -> str:
-    """CPU model, cores, memory, load average and library versions: where the figures come from."""
-    cpu = platform.processor() or platform.machine()
+# The instruction sets that decide how fast a CPU multiplies matrices: AVX2 and AVX-512 for fp32,
+# AVX512-BF16 and AMX for bf16. A ratio between two implementations can flip between CPUs that differ
+# here (docs/BENCHMARKS.md, "Ratios that depend on the CPU"), so every table names them.
+MATMUL_FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_tile", "amx_bf16")
+
+
+def cpu_facts(cpuinfo: str) -> dict:
+    """Model, vendor, physical cores and matmul instruction sets, from the text of Linux's /proc/cpuinfo."""
+    fields: dict[str, str] = {}
+    cores = set()
+    physical_id = core_id = None
+    for line in cpuinfo.splitlines() + [""]:
+        if not line.strip():  # the end of one logical CPU's block
+            if core_id is not None:
+                cores.add((physical_id, core_id))
+            physical_id = core_id = None
+            continue
+        key, _, value = (part.strip() for part in line.partition(":"))
+        fields.setdefault(key, value)
+        if key == "physical id":
+            physical_id = value
+        elif key == "core id":
+            core_id = value
+    flags = set((fields.get("flags") or fields.get("Features") or "").split())  # Features: ARM's name
+    return {
+        "model": fields.get("model name") or fields.get("Model") or None,
+        "vendor": fields.get("vendor_id") or fields.get("CPU implementer") or None,
+        "physical_cores": len(cores) or None,
+        "flags": [flag for flag in MATMUL_FLAGS if flag in flags],
+        "flags_read": bool(flags),
+    }
+
+
+def _version(module: str) -> str | None:
+    try:
+        return __import__(module).__version__
+    except ImportError:
+        return None
+
+
+def machine_facts(load_average: tuple[float, ...] | None = None, threads: int | None = None) -> dict:
+    """This machine, as ``machine_description`` writes it; ``load_average`` is the one at the start of the
+    run (now if not given), ``threads`` the torch threads each measured run used (this process's if not given)."""
     try:
         with open("/proc/cpuinfo") as handle:
-            for line in handle:
-                if line.startswith("model name"):
-                    cpu = line.split(":", 1)[1].strip()
-                    break
-    except OSError:
-        pass
-    memory = ""
+            facts = cpu_facts(handle.read())
+    except OSError:  # not Linux: the model as the platform names it, flags unknown
+        facts = cpu_facts("")
+    facts["model"] = facts["model"] or platform.processor() or platform.machine()
+    facts["logical_cpus"] = os.cpu_count()
+    facts["usable_cpus"] = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     try:
-        pages, page_size = os.sysconf("SC_PHYS_PAGES"), os.sysconf("SC_PAGE_SIZE")
-        memory = f", {pages * page_size / 2**30:.0f} GiB RAM"
+        facts["memory_gib"] = round(os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") / 2**30)
     except (ValueError, OSError):
-        pass
-    load = ""
-    if hasattr(os, "getloadavg"):
-        load = ", load average " + " ".join(f"{value:.2f}" for value in os.getloadavg())
-    versions = []
-    for name in ("torch", "transformers", "trl"):
-        try:
-            versions.append(f"{name} {__import__(name).__version__}")
-        except ImportError:
-            continue
-    return f"{cpu}, {os.cpu_count()} cores{memory}{load}; Python {platform.python_version()}, {', '.join(versions)}"
+        facts["memory_gib"] = None
+    facts["load_average_when"] = "at the start" if load_average else "as the table was written"
+    if load_average is None and hasattr(os, "getloadavg"):
+        load_average = os.getloadavg()
+    facts["load_average"] = [round(value, 2) for value in load_average] if load_average else None
+    facts["torch"] = _version("torch")
+    if facts["torch"]:
+        import torch
+
+        facts["torch_cpu_capability"] = torch.backends.cpu.get_cpu_capability()
+        facts["torch_threads"] = threads or torch.get_num_threads()
+    facts["python"] = platform.python_version()
+    facts["transformers"] = _version("transformers")
+    facts["trl"] = _version("trl")
+    return facts
+
+
+def describe_machine(facts: dict) -> str:
+    """One line: the CPU and what it has for matrix products, torch and its threads, the load, the libraries."""
+    cores = facts.get("physical_cores")
+    cores = f"{cores} core{'s' if cores != 1 else ''}, " if cores else ""
+    vendor = f" ({facts['vendor']})" if facts.get("vendor") else ""
+    parts = [
+        f"{facts['model']}{vendor}, {cores}{facts['logical_cpus']} hardware threads "
+        f"({facts['usable_cpus']} usable)" + (f", {facts['memory_gib']} GiB RAM" if facts.get("memory_gib") else "")
+    ]
+    if facts["flags_read"]:
+        missing = [flag for flag in MATMUL_FLAGS if flag not in facts["flags"]]
+        parts.append(
+            f"CPU flags: {' '.join(facts['flags']) or '-'}" + (f" (not {' '.join(missing)})" if missing else "")
+        )
+    else:
+        parts.append("CPU flags not read (no /proc/cpuinfo)")
+    if facts.get("torch"):
+        threads = facts["torch_threads"]
+        parts.append(
+            f"torch {facts['torch']}, CPU capability {facts['torch_cpu_capability']}, "
+            f"{threads} torch thread{'s' if threads != 1 else ''}"
+        )
+    if facts.get("load_average"):
+        load = " ".join(f"{value:.2f}" for value in facts["load_average"])
+        parts.append(f"load average {load} {facts['load_average_when']}")
+    libraries = [f"{name} {facts[name]}" for name in ("transformers", "trl") if facts.get(name)]
+    parts.append(f"Python {facts['python']}" + "".join(f", {library}" for library in libraries))
+    return "; ".join(parts)
+
+
+def machine_description(load_average: tuple[float, ...] | None = None, threads: int | None = None) -> str:
+    """The machine the figures come from, the line every benchmark table carries (``machine_facts``)."""
+    return describe_machine(machine_facts(load_average, threads))
