@@ -14,7 +14,9 @@ Sections, each in its own process so each peak RSS is its own:
   llm_client  judged answers/s through the LLM client at concurrency 1, 4, 16, and its cache (``bench.llm_client``)
   serving     served tokens/s and p50/p99 latency at 1, 4, 16 requests in flight: a session's sample and a local
               endpoint against transformers serve; tiny and SmolLM2 when installed (``bench.serving``)
-Every training and generation run uses one torch thread (see ``bench.train_steps``).
+Every training and generation run uses one torch thread (see ``bench.train_steps``). The table opens
+with the machine: CPU model, vendor, cores, its matrix instruction sets (AVX2, AVX-512, AVX512-BF16,
+AMX), torch and its CPU capability, the threads, the load average at the start.
 The table goes to stdout and to ``outputs/bench/cpu_benchmarks.md`` (rows also as ``.json``).
 
     python -m bench.run_all                       # everything (about 20 minutes on 2 busy cores)
@@ -37,8 +39,11 @@ import time
 from pathlib import Path
 
 from bench.fixtures import BENCH_OUTPUT, REPO_ROOT
-from bench.tables import Row, format_table, machine_description, median
+from bench.tables import Row, describe_machine, format_table, machine_facts, median
 from local_mode.os_utils import stop_process_group
+
+# Every training and generation run of every section computes on one torch thread (bench.train_steps says why).
+BENCH_THREADS = 1
 
 SECTIONS = (
     "steps",
@@ -264,24 +269,26 @@ def main(argv: list[str] | None = None) -> Path | None:
         Path(args.result).write_text(json.dumps([row.to_dict() for row in rows]))
         return None
 
-    load_before = os.getloadavg()
+    machine = machine_facts(load_average=os.getloadavg(), threads=BENCH_THREADS)
+    description = describe_machine(machine)
+    print(f"Machine: {description}", flush=True)  # first, so a long run's output says at once where it runs
     rows = []
     for name in args.sections:
         print(f"[{name}]", flush=True)
         # GRPO to a target on SmolLM2 takes far longer than a section of step times; serving sends SmolLM2's
         # prompts nine times (three servers, three levels) at a few tokens/s.
         rows += run_section(name, args.quick, timeout={"time_to_quality": 7200, "serving": 3600}.get(name, 1200))
-    machine = machine_description()
     text = (
         f"# CPU benchmarks{' (quick)' if args.quick else ''}\n\n"
-        f"Machine: {machine} (load average at the start: {load_before[0]:.2f})\n\n"
         "ratio = ours / baseline: below 1 is faster for s/step; above 1 is faster for tokens/s.\n\n"
-        + format_table(rows, "Combined")
+        + format_table(rows, "Combined", machine=description)
     )
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(text)
-    out.with_suffix(".json").write_text(json.dumps({"machine": machine, "rows": [r.to_dict() for r in rows]}, indent=1))
+    out.with_suffix(".json").write_text(
+        json.dumps({"machine": description, "cpu": machine, "rows": [r.to_dict() for r in rows]}, indent=1)
+    )
     print(text)
     print(f"written to {out}")
     return out
