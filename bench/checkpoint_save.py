@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import sys
 import tempfile
@@ -36,7 +37,7 @@ import time
 from pathlib import Path
 
 from bench.fixtures import model_dir
-from bench.tables import median
+from bench.tables import machine_description, median
 
 
 def measure(name: str, rounds: int) -> dict:
@@ -223,6 +224,8 @@ def main(argv: list[str] | None = None) -> None:
     if args.worker:
         sharded_worker(args.worker, args.rounds, args.result)
         return
+    # One torch thread in every process it times (each rank's, and this one's).
+    print(f"Machine: {machine_description(os.getloadavg(), threads=1)}\n", flush=True)
     if args.sharded:
         print(
             "| FSDP2 checkpoint | processes | parameters | training waits s | whole after s | rank-0 MB written "

@@ -25,7 +25,7 @@ import time
 
 import torch
 
-from bench.tables import Row, format_table
+from bench.tables import Row, format_table, machine_description
 from bench.training_sessions_sampling import RANK, installed
 
 DATUMS, LENGTH = 8, 192
@@ -174,7 +174,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--threads", type=int, default=1, help="torch threads (the main job gives the service 1 or 2)")
     args = parser.parse_args()
-    print(format_table(measure(args.models, args.rounds, args.threads), "fp32 against bf16 (CPU)"))
+    machine = machine_description(os.getloadavg(), threads=args.threads)
+    print(format_table(measure(args.models, args.rounds, args.threads), "fp32 against bf16 (CPU)", machine))
 
 
 if __name__ == "__main__":

@@ -10,10 +10,11 @@ ways ``rounds`` times on the same prompts; the figure is the median over rounds.
 from __future__ import annotations
 
 import argparse
+import os
 import time
 
 from bench.fixtures import data_dir, model_dir, parameter_count
-from bench.tables import Row, format_table, median, peak_rss_mib
+from bench.tables import Row, format_table, machine_description, median, peak_rss_mib
 
 PROMPTS, GROUP, MAX_NEW_TOKENS = 2, 8, 32
 
@@ -92,7 +93,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--threads", type=int, default=1, help="torch threads; 0 = one per core (default: 1)")
     args = parser.parse_args(argv)
-    print(format_table(measure(args.models, args.rounds, args.threads), "GRPO rollout throughput (CPU)"))
+    machine = machine_description(os.getloadavg(), threads=args.threads or None)  # 0: torch's default, one per core
+    print(format_table(measure(args.models, args.rounds, args.threads), "GRPO rollout throughput (CPU)", machine))
 
 
 if __name__ == "__main__":

@@ -529,6 +529,9 @@ def main(argv: list[str] | None = None) -> Path:
     is_main = int(os.environ.get("RANK", 0)) == 0
     log = print if is_main else (lambda *a, **k: None)
     device = torch.device(f"cuda:{int(os.environ.get('LOCAL_RANK', 0))}" if torch.cuda.is_available() else "cpu")
+    machine = machine_description(os.getloadavg()) + (
+        f"; {torch.cuda.get_device_name(device)}" if device.type == "cuda" else ""
+    )
 
     rows: list[Row] = []
     # GRPO first, in this process before any process group exists (TRL's accelerate would see one).
@@ -577,10 +580,7 @@ def main(argv: list[str] | None = None) -> Path:
     text = [
         f"# GPU benchmark{' (smoke run, tiny shapes)' if args.smoke else ''}",
         "",
-        f"Machine: {machine_description()}"
-        + (f"; {torch.cuda.get_device_name(device)}" if device.type == "cuda" else ""),
-        "",
-        format_table(rows, "Measured"),
+        format_table(rows, "Measured", machine),
         "",
         format_plan(
             plan,

@@ -13,11 +13,12 @@ a warm cache (no request sent).
 from __future__ import annotations
 
 import argparse
+import os
 import tempfile
 import time
 from pathlib import Path
 
-from bench.tables import Row, format_table, peak_rss_mib
+from bench.tables import Row, format_table, machine_description, peak_rss_mib
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -85,7 +86,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--answers", type=int, default=32)
     parser.add_argument("--max-tokens", type=int, default=16)
     args = parser.parse_args(argv)
-    print(format_table(measure(args.answers, args.max_tokens), "LLM client against transformers serve"))
+    machine = machine_description(os.getloadavg(), threads=1)  # the server's
+    print(format_table(measure(args.answers, args.max_tokens), "LLM client against transformers serve", machine))
 
 
 if __name__ == "__main__":

@@ -22,6 +22,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from bench.tables import machine_description
+
 NOOP = 'import time\nprint(f"first line at {time.time():.3f}", flush=True)\n'
 
 
@@ -61,6 +63,7 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--hosts", type=int, nargs="+", default=[1, 2])
     args = parser.parse_args()
+    machine = machine_description(os.getloadavg())
 
     root = tempfile.mkdtemp(prefix="local-mode-bench-")
     os.environ["SAGEMAKER_LOCAL_ROOT"] = root
@@ -90,10 +93,7 @@ def main() -> None:
 
     own = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     children = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
-    load = os.getloadavg()[0]
-    print(
-        f"local mode overhead, no-op entry point, median of {args.runs} runs ({os.cpu_count()} CPUs, load {load:.1f})"
-    )
+    print(f"local mode overhead, no-op entry point, median of {args.runs} runs; machine: {machine}")
     print(f"{'hosts':>5}  {'first line (s)':>14}  {'job overhead (s)':>16}  {'fit() wall (s)':>14}")
     for hosts, first, overhead, wall in rows:
         print(f"{hosts:>5}  {first:>14.2f}  {overhead:>16.2f}  {wall:>14.2f}")

@@ -99,9 +99,9 @@ def main() -> None:
         help="CPU seconds per test; the loops of the mix run into it (default: %(default)s)",
     )
     args = parser.parse_args()
+    machine = machine_description(os.getloadavg())
     rows = [measure(workers, case, args.tests, args.time_limit) for case in ("trivial", "mix") for workers in (1, 2)]
-    print(machine_description())
-    print(format_table(rows, "Sandbox throughput (judged tests per second)"))
+    print(format_table(rows, "Sandbox throughput (judged tests per second)", machine))
     for row in rows:
         print(
             f"{row.case}: {row.ours:.0f} tests/s measured, {row.extra['cpu_ms_per_test']:.1f} CPU ms per test "

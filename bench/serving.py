@@ -401,8 +401,9 @@ def report(levels: list[Level], command: str) -> str:
     now = datetime.datetime.now(datetime.UTC).strftime("%d %B %Y, %H:%M UTC")
     sizes = {(level.model, len(level.answers), level.max_tokens): None for level in levels}
     asked = "; ".join(f"{model}: {n} prompts, max_tokens {tokens}" for model, n, tokens in sizes)
+    machine = machine_description(threads=1)  # each server computes on one torch thread
     return (
-        f"`{command}`, {now}. Machine: {machine_description()}. {asked}, greedy, streamed; load: the 1-minute "
+        f"`{command}`, {now}. Machine: {machine}. {asked}, greedy, streamed; load: the 1-minute "
         "load average as each line started.\n\n" + serving_table(levels)
     )
 

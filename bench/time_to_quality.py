@@ -737,7 +737,7 @@ def main(argv: list[str] | None = None) -> list[Row] | None:
         result = worker(side, model, int(seed), int(steps), not args.no_session_evaluations)
         print("\n" + RESULT_MARK + json.dumps(result), flush=True)
         return None
-    load_before = Path("/proc/loadavg").read_text().split()[:3] if Path("/proc/loadavg").exists() else []
+    machine = machine_description(os.getloadavg(), threads=1)  # one torch thread on every side
     rows = measure(
         args.sides,
         args.model,
@@ -747,17 +747,15 @@ def main(argv: list[str] | None = None) -> list[Row] | None:
         args.first_seed,
         session_evaluations=not args.no_session_evaluations,
     )
-    load_after = Path("/proc/loadavg").read_text().split()[:3] if Path("/proc/loadavg").exists() else []
+    machine += "; load average at the end " + " ".join(f"{value:.2f}" for value in os.getloadavg())
     profile = PROFILES[args.model]
     text = (
         f"# Time to quality ({args.model})\n\n"
-        f"Machine: {machine_description()}; /proc/loadavg before {' '.join(load_before)}, after "
-        f"{' '.join(load_after)}\n\n"
         f"Target: held-out accuracy >= {profile['target']} on {profile['held_out']} problems (greedy, "
         f"{profile['eval_max_new_tokens']} tokens), evaluated every {profile['eval_every']} steps, cap "
         f"{args.max_steps or profile['max_steps']} steps; {args.seeds} seed(s) from seed {args.first_seed}"
         f"{' (sides run at once: times not comparable)' if args.concurrent else ''}. ratio = side / TRL.\n\n"
-        + format_table(rows, "Time to target")
+        + format_table(rows, "Time to target", machine)
         + "".join(
             f"\n## The session's step, seed {run['seed']}\n\n{profile_table(run['step_profile'])}"
             for row in rows
@@ -769,9 +767,7 @@ def main(argv: list[str] | None = None) -> list[Row] | None:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(text)
     out.with_suffix(".json").write_text(
-        json.dumps(
-            {"machine": machine_description(), "profile": profile, "rows": [r.to_dict() for r in rows]}, indent=1
-        )
+        json.dumps({"machine": machine, "profile": profile, "rows": [r.to_dict() for r in rows]}, indent=1)
     )
     print(text)
     print(f"written to {out}")

@@ -28,7 +28,7 @@ import urllib.request
 from pathlib import Path
 
 from bench.fixtures import BENCH_OUTPUT
-from bench.tables import Row, format_table
+from bench.tables import Row, format_table, machine_description
 from local_mode import environment_python
 from local_mode.os_utils import stop_process_group
 
@@ -244,7 +244,9 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--in-flight", type=int, nargs="+", default=[1, 16])
     args = parser.parse_args()
-    print(format_table(measure(args.steps, args.in_flight), "Training sessions against a Tinker-compatible server"))
+    machine = machine_description(os.getloadavg(), threads=1)  # each server's
+    rows = measure(args.steps, args.in_flight)
+    print(format_table(rows, "Training sessions against a Tinker-compatible server", machine))
 
 
 if __name__ == "__main__":

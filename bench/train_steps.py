@@ -31,7 +31,7 @@ import time
 from pathlib import Path
 
 from bench.fixtures import REPO_ROOT, model_dir, parameter_count, uniform_data_dir
-from bench.tables import Row, format_table, median, peak_rss_mib
+from bench.tables import Row, format_table, machine_description, median, peak_rss_mib
 
 # The settings both sides share. SFT/DPO: 8 examples a step in 2 micro-batches of 4.
 # (TRL 1.16 has no max_prompt_length; no prompt of the data comes near it.)
@@ -430,8 +430,9 @@ def main(argv: list[str] | None = None) -> None:
         result = worker(loop, impl, model, int(steps))
         print(RESULT_MARK + json.dumps(result), flush=True)
         return
+    machine = machine_description(os.getloadavg(), threads=args.threads or None)  # 0: torch's default, one per core
     rows = measure(args.loops, args.models, args.rounds, args.warmup, args.steps, threads=args.threads)
-    print(format_table(rows, "Training step time, ours vs TRL 1.16 (CPU)"))
+    print(format_table(rows, "Training step time, ours vs TRL 1.16 (CPU)", machine))
 
 
 if __name__ == "__main__":

@@ -27,7 +27,7 @@ from pathlib import Path
 import torch
 
 from bench.fixtures import model_dir
-from bench.tables import Row, format_table
+from bench.tables import Row, format_table, machine_description
 from local_mode import environment_python
 
 SESSIONS_PYTHON = Path(environment_python(".venv-sessions"))  # the SDK v3 environment
@@ -175,7 +175,8 @@ def main() -> None:
     parser.add_argument("--models", nargs="+", default=["tiny", "small"], choices=["tiny", "small"])
     parser.add_argument("--steps", type=int, default=10)
     args = parser.parse_args()
-    print(format_table(measure(args.models, args.steps), "Training sessions"))
+    machine = machine_description(os.getloadavg(), threads=1)  # as measure() and the service set them
+    print(format_table(measure(args.models, args.steps), "Training sessions", machine))
 
 
 if __name__ == "__main__":

@@ -44,7 +44,7 @@ import time
 import torch
 
 from bench.fixtures import data_dir
-from bench.tables import Row, format_table, peak_rss_mib
+from bench.tables import Row, format_table, machine_description, peak_rss_mib
 
 SAMPLES, MAX_TOKENS, RANK = 4, 32, 8
 LONG_TAIL_PROBLEMS, LONG_TAIL_MAX_TOKENS, LONG_TAIL_STOP = 16, 512, "\n```\n"
@@ -362,8 +362,9 @@ def main() -> None:
         "--long-tail-rounds", type=int, default=1, help="rounds of the long-tail pass (0: skip; SmolLM2: ~6 min)"
     )
     args = parser.parse_args()
+    machine = machine_description(os.getloadavg(), threads=1)  # as measure() sets them
     rows = measure(args.models, args.rounds, args.long_tail_rounds)
-    print(format_table(rows, "Training sessions: sampling in flight (CPU)"))
+    print(format_table(rows, "Training sessions: sampling in flight (CPU)", machine))
 
 
 if __name__ == "__main__":

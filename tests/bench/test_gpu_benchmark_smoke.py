@@ -6,6 +6,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from bench.tables import machine_facts
+
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -44,5 +46,6 @@ def test_gpu_benchmark_smoke_on_cpu(tmp_path, tiny_model_path):
     assert rows["memory plan check"]["baseline"] > 0  # the prediction; measuring needs CUDA
 
     text = out.read_text()
+    assert f"Machine: {machine_facts()['model']}" in text and "CPU flags" in text
     assert "| sft throughput |" in text and "| grpo step |" in text
     assert "full fine-tune on 8 x A100 80 GB" in text and "| **total** |" in text

@@ -5,6 +5,7 @@ is asserted: the machine is shared."""
 import pytest
 
 from bench import serving
+from bench.tables import machine_facts
 
 
 def test_a_stream_cut_anywhere_gives_the_same_events():
@@ -30,6 +31,15 @@ def test_a_failed_request_is_counted_and_the_level_goes_on():
     level = serving.Level("tiny", "endpoint", 2, 4, answers, wall_s=1.0, load=0.0)
     assert level.failed == 1 and answers[1].error == "TimeoutError: no answer within 60 s"
     assert level.tokens == 6 and level.latency(99) == 0.5
+
+
+def test_the_block_for_the_docs_names_the_machine_it_was_measured_on():
+    answers = [serving.Served("x", 3, 0.5, 0.1)]
+    levels = [serving.Level("tiny", server, 1, 4, answers, wall_s=1.0, load=0.5) for server in serving.SERVERS]
+    block = serving.report(levels, "python -m bench.serving --models tiny")
+    assert f"Machine: {machine_facts()['model']}" in block and "CPU flags" in block
+    assert "1 torch thread;" in block  # each server's
+    assert block.count("| tiny |") == len(serving.SERVERS)
 
 
 def test_the_table_is_written_between_its_markers(tmp_path):

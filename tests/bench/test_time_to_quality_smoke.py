@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from bench.tables import machine_facts
+
 REPO = Path(__file__).resolve().parents[2]
 SIDES = ("grpo_full", "grpo_lora", "session_lora", "trl_lora")
 
@@ -74,6 +76,7 @@ def test_time_to_quality_every_side_on_tiny_shapes(tmp_path, tiny_model_path):
     assert phases <= session["service"].keys()
     assert 0 < session["service"]["prefill"]["seconds"] < session["client"]["total"]
     text = out.read_text()
+    assert f"Machine: {machine_facts()['model']}" in text and "1 torch thread;" in text and "at the end" in text
     assert "| time to target |" in text and "## The session's step, seed 1" in text
 
 
