@@ -177,16 +177,17 @@ def load(
         return DatasetDict(_HUB_LOADERS[name](n_train, n_test, seed))
     if source != "offline":
         raise ValueError(f"data_source must be 'hub' or 'offline', got {source!r}")
-    from local_mode.offline_data import DATASETS, write_jsonl
+    from local_mode.offline_data import split_records, write_jsonl
 
-    n_train, n_test = n_train or 64, n_test or 16
-    records = DATASETS[name](n_train + n_test, seed=seed)
     folder = Path(workdir) / "offline" / name
-    files = {
-        "train": str(write_jsonl(folder / "train.jsonl", records[:n_train])),
-        "test": str(write_jsonl(folder / "test.jsonl", records[n_train:])),
-    }
-    return load_dataset("json", data_files=files)
+    splits = split_records(name, n_train or 64, n_test or 16, seed)  # gsm8k: a test split of seen and unseen templates
+    # one builder a split: gsm8k's test rows carry a "split" field its train rows have not
+    return DatasetDict(
+        {
+            split: load_dataset("json", data_files=str(write_jsonl(folder / f"{split}.jsonl", records)), split="train")
+            for split, records in splits.items()
+        }
+    )
 
 
 def write_channels(dataset, folder: str | Path) -> dict[str, Path]:

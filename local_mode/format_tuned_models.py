@@ -12,7 +12,8 @@ on worked answers and registers the result with the local training-session servi
 - ``--task tool`` (200 steps): episodes with the Python tool (notebook 15). Each easy GSM8K-format
   problem's worked answer becomes a demonstration (``environments.python_tool.demonstration``): a
   program that prints the calculation, the tool's real reply from the sandbox, then ``#### n``. Only
-  the model's turns are learned. An instruct model in the cloud already calls a tool it is offered;
+  the model's turns are learned. The problems are of the seen templates only
+  (``offline_data.gsm8k_easy_records``): the held-out split's unseen templates stay unseen by every model. An instruct model in the cloud already calls a tool it is offered;
   the tiny one has to be shown the shape of a call, and RL then teaches it to use the reply.
 
 Runs in the main environment (torch):

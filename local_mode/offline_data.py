@@ -11,12 +11,16 @@ In the cloud the data-preparation notebook loads the real sets by name with
 The offline GSM8K set (``DATASETS["gsm8k"]``) holds easy one-step problems with small numbers,
 some of which only ask for a number the question states: problems a 1 M-parameter model can
 begin to solve after a short SFT, so that GRPO's reward is above zero from its first steps.
+Its held-out split (``split_records``) is half problems of the training templates with other names
+and numbers ("seen": a gain there is recall of a pattern) and half problems of templates the
+training split never uses ("unseen": the same skills in other words; a gain there is transfer).
 The worded multi-step problems (``gsm8k_records``) make the preference pairs, and the SFT
 conversations mix both kinds with short programs for the code problems, so that SFT teaches
 the answer formats the RL notebooks reward (``#### <number>``, one fenced Python block).
 
 Formats:
-- GSM8K:       {"question": str, "answer": "<worked solution>\\n#### <number>"}
+- GSM8K:       {"question": str, "answer": "<worked solution>\\n#### <number>"}; the offline set adds
+               "template" (the template's name) and, in its test split, "split" ("seen" or "unseen")
 - preferences: {"prompt": str, "chosen": str, "rejected": str}
 - chat (SFT):  {"messages": [{"role": "system"|"user"|"assistant", "content": str}, ...]}
 - code:        {"id": str, "statement": str, "testtype": "stdin"|"functional",
@@ -30,9 +34,10 @@ Formats:
 
 from __future__ import annotations
 
+import itertools
 import json
 import random
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
 from environments.code import CodeEnvironment
@@ -157,54 +162,129 @@ GSM8K_TEMPLATES: list[Callable[[random.Random], tuple[str, list[str], int]]] = [
 
 
 # Easy problems: one step, numbers below 10. The answer of a "stated" problem is in the question.
+# Each template returns (its name, question, worked steps, answer); a record keeps the name as "template".
 
 
-def _easy_stated(rng: random.Random) -> tuple[str, list[str], int]:
+def _easy_stated(rng: random.Random) -> tuple[str, str, list[str], int]:
     name, item, count = rng.choice(NAMES), rng.choice(ITEMS), rng.randint(1, 9)
     question = f"{name} puts {count} {item} in a box. How many {item} are in the box?"
-    return question, [f"There are {count} {item} in the box."], count
+    return "stated", question, [f"There are {count} {item} in the box."], count
 
 
-def _easy_more(rng: random.Random) -> tuple[str, list[str], int]:
+def _easy_more(rng: random.Random) -> tuple[str, str, list[str], int]:
     name, item = rng.choice(NAMES), rng.choice(ITEMS)
     have, more = rng.randint(1, 9), rng.randint(1, 9)
     total = have + more
     question = f"{name} has {have} {item} and finds {more} more. How many {item} does {name} have now?"
-    return question, [f"{name} has {have}+{more} = <<{have}+{more}={total}>>{total} {item}."], total
+    return "more", question, [f"{name} has {have}+{more} = <<{have}+{more}={total}>>{total} {item}."], total
 
 
-def _easy_left(rng: random.Random) -> tuple[str, list[str], int]:
+def _easy_left(rng: random.Random) -> tuple[str, str, list[str], int]:
     name, item = rng.choice(NAMES), rng.choice(ITEMS)
     have = rng.randint(2, 9)
     given = rng.randint(1, have - 1)
     left = have - given
     question = f"{name} has {have} {item} and gives {given} away. How many {item} are left?"
-    return question, [f"{name} has {have}-{given} = <<{have}-{given}={left}>>{left} {item} left."], left
+    return "left", question, [f"{name} has {have}-{given} = <<{have}-{given}={left}>>{left} {item} left."], left
 
 
-# (question about {name} and {item}, the fact that answers it, the answer)
+# (name, question about {name} and {item}, the fact that answers it, the answer)
 _FACTS = [
-    ("{name} buys a dozen {item}. How many {item} does {name} buy?", "A dozen is 12.", 12),
-    ("{name} visits a friend for a week. How many days is the visit?", "A week has 7 days.", 7),
-    ("{name} finds a pair of {item}. How many {item} does {name} find?", "A pair is 2.", 2),
-    ("{name} draws a triangle. How many sides does the triangle have?", "A triangle has 3 sides.", 3),
-    ("{name} sees a spider. How many legs does the spider have?", "A spider has 8 legs.", 8),
-    ("{name} reads for half an hour. How many minutes does {name} read?", "Half an hour is 30 minutes.", 30),
+    ("dozen", "{name} buys a dozen {item}. How many {item} does {name} buy?", "A dozen is 12.", 12),
+    ("week", "{name} visits a friend for a week. How many days is the visit?", "A week has 7 days.", 7),
+    ("pair", "{name} finds a pair of {item}. How many {item} does {name} find?", "A pair is 2.", 2),
+    ("triangle", "{name} draws a triangle. How many sides does the triangle have?", "A triangle has 3 sides.", 3),
+    ("spider", "{name} sees a spider. How many legs does the spider have?", "A spider has 8 legs.", 8),
+    (
+        "half_hour",
+        "{name} reads for half an hour. How many minutes does {name} read?",
+        "Half an hour is 30 minutes.",
+        30,
+    ),
 ]
 
 
-def _easy_fact(rng: random.Random) -> tuple[str, list[str], int]:
-    question, fact, answer = rng.choice(_FACTS)
-    return question.format(name=rng.choice(NAMES), item=rng.choice(ITEMS)), [fact], answer
+def _easy_fact(rng: random.Random) -> tuple[str, str, list[str], int]:
+    template, question, fact, answer = rng.choice(_FACTS)
+    return template, question.format(name=rng.choice(NAMES), item=rng.choice(ITEMS)), [fact], answer
 
 
-EASY_GSM8K_TEMPLATES: list[Callable[[random.Random], tuple[str, list[str], int]]] = [
+# The templates of the training split (and of the local base models' fine-tuning, format_tuned_models):
+# "seen". Half the facts, then a number stated, added, taken away.
+EASY_GSM8K_TEMPLATES: list[Callable[[random.Random], tuple[str, str, list[str], int]]] = [
     _easy_fact,
     _easy_fact,
     _easy_fact,
     _easy_stated,
     _easy_more,
     _easy_left,
+]
+
+
+# "Unseen" templates: never in a training split. Each asks for a skill of a seen template, in words the
+# seen ones do not use: the same six facts asked another way, a count stated with another verb and place,
+# an addition without "finds ... more", a subtraction without "gives ... away ... left". A model that
+# learned the skill, not the wording, can solve them: a gain on them is transfer, not recall.
+_FACTS_REWORDED = [
+    ("dozen_reworded", "{name} orders a dozen {item}. How many {item} arrive?", "A dozen is 12.", 12),
+    (
+        "week_reworded",
+        "{name} trains every day for one week. How many days does {name} train?",
+        "A week has 7 days.",
+        7,
+    ),
+    ("pair_reworded", "{name} gets a pair of {item} as a gift. How many {item} is that?", "A pair is 2.", 2),
+    (
+        "triangle_reworded",
+        "{name} cuts a triangle out of paper. How many sides does it have?",
+        "A triangle has 3 sides.",
+        3,
+    ),
+    ("spider_reworded", "A spider walks past {name}. How many legs does it walk on?", "A spider has 8 legs.", 8),
+    (
+        "half_hour_reworded",
+        "{name} waits half an hour for the bus. How many minutes is the wait?",
+        "Half an hour is 30 minutes.",
+        30,
+    ),
+]
+
+
+def _reworded_fact(rng: random.Random) -> tuple[str, str, list[str], int]:
+    template, question, fact, answer = rng.choice(_FACTS_REWORDED)
+    return template, question.format(name=rng.choice(NAMES), item=rng.choice(ITEMS)), [fact], answer
+
+
+def _reworded_stated(rng: random.Random) -> tuple[str, str, list[str], int]:
+    name, item, count = rng.choice(NAMES), rng.choice(ITEMS), rng.randint(1, 9)
+    question = f"There are {count} {item} on {name}'s desk. How many {item} lie on the desk?"
+    return "stated_reworded", question, [f"There are {count} {item} on the desk."], count
+
+
+def _reworded_more(rng: random.Random) -> tuple[str, str, list[str], int]:
+    name, item = rng.choice(NAMES), rng.choice(ITEMS)
+    have, more = rng.randint(1, 9), rng.randint(1, 9)
+    total = have + more
+    question = f"{name} had {have} {item}. A friend gave {name} {more} {item}. How many {item} does {name} have in all?"
+    return "more_reworded", question, [f"{name} has {have}+{more} = <<{have}+{more}={total}>>{total} {item}."], total
+
+
+def _reworded_left(rng: random.Random) -> tuple[str, str, list[str], int]:
+    name, item = rng.choice(NAMES), rng.choice(ITEMS)
+    have = rng.randint(2, 9)
+    lost = rng.randint(1, have - 1)
+    kept = have - lost
+    question = f"{name} had {have} {item} and lost {lost} of them. How many {item} does {name} still have?"
+    return "left_reworded", question, [f"{name} has {have}-{lost} = <<{have}-{lost}={kept}>>{kept} {item}."], kept
+
+
+UNSEEN_EASY_GSM8K_TEMPLATES: list[Callable[[random.Random], tuple[str, str, list[str], int]]] = [
+    _reworded_fact,
+    _reworded_fact,
+    _reworded_fact,
+    _reworded_stated,
+    _reworded_more,
+    _reworded_left,
 ]
 
 
@@ -217,14 +297,42 @@ def _records(templates, n: int, seed: int) -> list[dict]:
     return records
 
 
+def _named_records(templates, seed: int) -> Iterator[dict]:
+    """Endless records of templates that name themselves, each with its ``template``."""
+    rng = random.Random(seed)
+    while True:
+        template, question, steps, result = rng.choice(templates)(rng)
+        yield {"question": question, "answer": "\n".join(steps) + f"\n#### {result}", "template": template}
+
+
 def gsm8k_records(n: int, seed: int = 0) -> list[dict]:
     """``n`` worded GSM8K-format records: a question and a worked answer ending in ``#### <number>``."""
     return _records(GSM8K_TEMPLATES, n, seed)
 
 
 def gsm8k_easy_records(n: int, seed: int = 0) -> list[dict]:
-    """``n`` easy GSM8K-format records (one step, numbers below 10), the offline GSM8K set."""
-    return _records(EASY_GSM8K_TEMPLATES, n, seed)
+    """``n`` easy GSM8K-format records (one step, numbers below 10) of the seen templates, the offline
+    GSM8K set's training problems; each names its ``template``."""
+    return list(itertools.islice(_named_records(EASY_GSM8K_TEMPLATES, seed), n))
+
+
+UNSEEN_SEED_OFFSET = 1_000_003  # the unseen problems' own random stream, apart from the seen ones'
+
+
+def gsm8k_easy_split(n_train: int, n_test: int, seed: int = 0) -> dict[str, list[dict]]:
+    """The offline GSM8K set's splits. ``train``: ``gsm8k_easy_records(n_train, seed)``, seen templates only.
+    ``test``: alternately a seen-template problem whose question is not in ``train`` (``"split": "seen"``)
+    and a problem of an unseen template (``"split": "unseen"``), so that any even prefix is half and half."""
+    seen = _named_records(EASY_GSM8K_TEMPLATES, seed)
+    train = list(itertools.islice(seen, n_train))
+    trained = {r["question"] for r in train}
+    new_seen = (r for r in seen if r["question"] not in trained)  # other names and numbers: not a copy
+    unseen = _named_records(UNSEEN_EASY_GSM8K_TEMPLATES, seed + UNSEEN_SEED_OFFSET)
+    test = [
+        {**next(new_seen), "split": "seen"} if i % 2 == 0 else {**next(unseen), "split": "unseen"}
+        for i in range(n_test)
+    ]
+    return {"train": train, "test": test}
 
 
 def gsm8k_final_number(answer: str) -> str:
@@ -517,15 +625,44 @@ def write_jsonl(path: str | Path, records: Iterable[dict]) -> Path:
 
 def count_problem_records(n: int, seed: int = 0, largest: int = 5) -> list[dict]:
     """The easiest GSM8K-format problems: the answer is the number in the question. Small enough for
-    the tiny model to learn in a few steps offline; the cloud runs use openai/gsm8k."""
+    the tiny model to learn in a few steps offline; the cloud runs use openai/gsm8k. One template, "count"."""
     rng = random.Random(seed)
     problems = []
     for _ in range(n):
         name, item, count = rng.choice(NAMES), rng.choice(ITEMS), rng.randint(1, largest)
-        problems.append(
-            {"question": f"{name} has {count} {item}. How many {item} does {name} have?", "answer": f"#### {count}"}
-        )
+        question = f"{name} has {count} {item}. How many {item} does {name} have?"
+        problems.append({"question": question, "answer": f"#### {count}", "template": "count"})
     return problems
+
+
+# The count problems' "unseen" templates: the same skill (the answer is the number stated) in words the
+# "count" template never uses, another verb and a place. Never trained on.
+_COUNT_REWORDED = [
+    ("count_desk", "There are {count} {item} on {name}'s desk. How many {item} lie on the desk?"),
+    ("count_jar", "{name} counts {count} {item} in a jar. How many {item} are in the jar?"),
+]
+
+
+def count_problem_split(n_train: int, n_test: int, seed: int = 0, largest: int = 5) -> dict[str, list[dict]]:
+    """``count_problem_records`` as ``gsm8k_easy_split`` splits the offline GSM8K set: ``train`` of the "count"
+    template; ``test`` alternately a "count" problem whose question is not in ``train`` ("seen") and one of
+    ``_COUNT_REWORDED`` ("unseen")."""
+    train = count_problem_records(n_train, seed, largest)
+    trained = {r["question"] for r in train}
+    others = count_problem_records(n_train + 64 * n_test, seed + UNSEEN_SEED_OFFSET, largest)  # far more than enough
+    new_seen = (r for r in others if r["question"] not in trained)
+    rng = random.Random(seed + 2 * UNSEEN_SEED_OFFSET)
+
+    def unseen() -> dict:
+        template, question = rng.choice(_COUNT_REWORDED)
+        count = rng.randint(1, largest)
+        asked = question.format(name=rng.choice(NAMES), item=rng.choice(ITEMS), count=count)
+        return {"question": asked, "answer": f"#### {count}", "template": template}
+
+    test = [
+        {**next(new_seen), "split": "seen"} if i % 2 == 0 else {**unseen(), "split": "unseen"} for i in range(n_test)
+    ]
+    return {"train": train, "test": test}
 
 
 def read_jsonl(path: str | Path) -> list[dict]:
@@ -542,14 +679,23 @@ DATASETS = {
 }
 
 
+def split_records(name: str, n_train: int, n_test: int, seed: int = 0) -> dict[str, list[dict]]:
+    """Data set ``name``'s ``train`` and ``test`` records: for ``gsm8k``, ``gsm8k_easy_split`` (a test split
+    half of seen templates, half of unseen ones); for the others, the first ``n_train`` records and the
+    ``n_test`` after them."""
+    if name == "gsm8k":
+        return gsm8k_easy_split(n_train, n_test, seed)
+    records = DATASETS[name](n_train + n_test, seed=seed)
+    return {"train": records[:n_train], "test": records[n_train:]}
+
+
 def write_all(root: str | Path, n_train: int = 64, n_test: int = 16, seed: int = 0) -> dict[str, Path]:
-    """Write every data set as ``<root>/<name>/{train,test}.jsonl``; returns the folder of each."""
+    """Write every data set as ``<root>/<name>/{train,test}.jsonl`` (``split_records``); returns the folder of each."""
     root = Path(root)
     folders = {}
-    for name, make in DATASETS.items():
-        records = make(n_train + n_test, seed=seed)
-        write_jsonl(root / name / "train.jsonl", records[:n_train])
-        write_jsonl(root / name / "test.jsonl", records[n_train:])
+    for name in DATASETS:
+        for split, records in split_records(name, n_train, n_test, seed).items():
+            write_jsonl(root / name / f"{split}.jsonl", records)
         folders[name] = root / name
     return folders
 

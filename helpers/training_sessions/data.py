@@ -17,6 +17,15 @@ def count_problems(n: int, seed: int = 0, largest: int = 5) -> list[dict]:
     return offline_data.count_problem_records(n, seed=seed, largest=largest)
 
 
+def count_split(n_train: int, n_test: int, seed: int = 0) -> dict[str, list[dict]]:
+    """``count_problems`` to train on, and held-out ones: half of the training template with other names
+    and numbers (``"split": "seen"``), half in words no training problem uses (``"unseen"``), so that the
+    held-out figures tell recall from transfer (``local_mode.offline_data.count_problem_split``)."""
+    from local_mode import offline_data
+
+    return offline_data.count_problem_split(n_train, n_test, seed=seed)
+
+
 def offline_code_problems(n: int, seed: int = 0) -> list[dict]:
     """The project's easy code problems (sum of two numbers, largest of a list...), normalised as the
     code environment normalises any problem; the cloud runs use the set notebook 0 staged."""
