@@ -132,7 +132,7 @@ def held_out_change(before: dict, after: dict) -> dict:
     """Two ``evaluate.py`` results on the same examples and options: each accuracy with its standard error
     (over examples), and the change after - before with the standard error of the per-example
     differences (paired: each example's difficulty cancels out)."""
-    from common.stats import paired_change
+    from common.stats import paired_by_split, paired_change
 
     same = ("n", "samples_per_example", "temperature", "seed", "max_new_tokens", "stop", "environment")
     differing = [key for key in same if before.get(key) != after.get(key)]
@@ -155,13 +155,16 @@ def held_out_change(before: dict, after: dict) -> dict:
         # how many distinct answers each model gave (None: an evaluation.json from before they were counted)
         "before_answer_diversity": before.get("answer_diversity"),
         "after_answer_diversity": after.get("answer_diversity"),
+        # each part of the held-out set, where its problems name one ("seen" and "unseen" templates)
+        "splits": paired_by_split(before.get("splits") or {}, after.get("splits") or {}, after.get("answer_diversity")),
     }
 
 
 def describe_change(held_out: dict, what: str = "accuracy") -> str:
     """``held_out_change``'s figures: the two figures, the change in standard errors and whether it counts
     as a gain (``common.stats.judge_change``: beyond two standard errors, and the trained model's
-    answers not collapsed into one), then how many distinct answers each model gave."""
+    answers not collapsed into one), then how many distinct answers each model gave, then the same
+    per split of the held-out set where it has them (``common.stats.describe_split``)."""
     from common import stats
 
     after = held_out.get("after_answer_diversity")
@@ -175,4 +178,5 @@ def describe_change(held_out: dict, what: str = "accuracy") -> str:
     answers = stats.describe_answers_before_and_after(held_out.get("before_answer_diversity"), after)
     if answers:
         lines.append(answers)
+    lines += [stats.describe_split(name, figures) for name, figures in (held_out.get("splits") or {}).items()]
     return "\n".join(lines)

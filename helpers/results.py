@@ -158,6 +158,22 @@ def _paired_row(notebook: str, what: str, unit: str, record: dict, **judged) -> 
     )
 
 
+def _split_rows(notebook: str, what: str, unit: str, record: dict) -> list[dict]:
+    """A row per split of a held-out set whose problems name one (``common.stats.paired_by_split``): seen
+    templates, where a gain is recall, and unseen ones, where it is transfer."""
+    from common.stats import SPLIT_MEANING
+
+    return [
+        _paired_row(
+            notebook,
+            f"{what}; its {part.get('n', '?')} problems of {name} {SPLIT_MEANING.get(name, 'templates')}",
+            unit,
+            part,
+        )
+        for name, part in (record.get("splits") or {}).items()
+    ]
+
+
 def _figures(before: dict, after: dict, value: str, error: str, change=None, change_error=None) -> dict:
     """A record with its figures under other names, as ``_paired_row`` reads it."""
     return {
@@ -196,6 +212,7 @@ def rows(figures: dict) -> list[dict]:
             ),
         }
         found.append(_paired_row("06", what, "share of problems answered right", record))
+        found += _split_rows("06", what, "share of problems answered right", record)
     for s in figures.get("training_sessions") or []:
         notebook = _notebook(s.get("notebook"), "??")
         loss = s.get("held_out_loss")
@@ -221,6 +238,7 @@ def rows(figures: dict) -> list[dict]:
             )
             unit = "share of answers that pass every test" if measure == "solve rate" else "share of answers right"
             found.append(_paired_row(notebook, what, unit, held_out))
+            found += _split_rows(notebook, what, unit, held_out)
         preference = s.get("preference") or {}
         before, after = preference.get("held_out_before"), preference.get("held_out_after")
         if before and after:

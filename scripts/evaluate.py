@@ -12,8 +12,10 @@ standard error is over examples (one example's answers are not independent). Pri
     step=0 accuracy=0.4312 standard_error=0.0136 mean_reward=0.4312 n=1319
 
 and writes ``evaluation.json`` (accuracy, mean reward, n, one record per example with the answer its
-completion gives, and ``answer_diversity``: how many distinct answers, the most common one's share, from
-which ``common.stats.collapsed`` tells a collapse) to
+completion gives, ``answer_diversity``: how many distinct answers, the most common one's share, from
+which ``common.stats.collapsed`` tells a collapse, and ``splits``: where the examples carry a ``split``
+field, as the offline GSM8K set's test split does ("seen" and "unseen" templates), each split's accuracy,
+standard error, n and answer diversity (``common.stats.by_split``; the metric line adds ``accuracy_seen``...)) to
 ``SM_OUTPUT_DATA_DIR`` and to ``SM_MODEL_DIR`` (so it is in the job's model.tar.gz as well).
 
 By hand:
@@ -146,6 +148,16 @@ def evaluate(args: EvaluateArgs, learners, env) -> None:
     accuracy, standard_error = stats.mean_and_standard_error([r["accuracy"] for r in records])
     mean_reward = sum(sum(r.get("rewards", [float(r["reward"])])) / k for r in records) / len(records)
     figures = {"accuracy": accuracy, "standard_error": standard_error, "mean_reward": mean_reward, "n": len(records)}
+    # problems that name their part of the held-out set ("seen" or "unseen" templates): each part's figures
+    splits = stats.by_split(
+        [r["example"].get("split") for r in records],
+        [r["accuracy"] for r in records],
+        [r.get("answers", [r["answer"]]) for r in records],
+    )
+    for name, part in splits.items():
+        if metrics.NAME.match(f"n_{name}"):  # a split named otherwise is in evaluation.json only
+            figures.update({f"accuracy_{name}": part["accuracy"], f"standard_error_{name}": part["standard_error"]})
+            figures[f"n_{name}"] = part["n"]
     print(metrics.format_metric_line(0, figures), flush=True)
     result = {
         "model": model_path,
@@ -162,6 +174,7 @@ def evaluate(args: EvaluateArgs, learners, env) -> None:
         "seconds": round(time.perf_counter() - started, 2),
         # a figure that rose because most answers became one answer is a collapse, not learning
         "answer_diversity": stats.answer_diversity([a for r in records for a in r.get("answers", [r["answer"]])]),
+        "splits": splits,  # {} when the examples name no split
         "records": records,
     }
     for folder in (contract.output_data_dir(), contract.model_dir()):
@@ -178,6 +191,14 @@ def evaluate(args: EvaluateArgs, learners, env) -> None:
         stats.describe_answers(result["answer_diversity"]),
         contract.output_data_dir() / "evaluation.json",
     )
+    for name, part in splits.items():
+        log.info(
+            "%s templates: accuracy %.4f +- %.4f on %d examples",
+            name,
+            part["accuracy"],
+            part["standard_error"],
+            part["n"],
+        )
 
 
 def _is_right(score: dict) -> bool:

@@ -18,6 +18,7 @@ that was not interrupted.
 
 from __future__ import annotations
 
+import itertools
 import math
 import random
 
@@ -176,11 +177,16 @@ def evaluate(
 
 def held_out_result(groups: list[dict], answers: list[str | None], samples_per_problem: int) -> dict:
     """The held-out figures of scored groups, one group a problem (``score_groups``): accuracy and its
-    standard error over problems, ``per_problem`` for the paired change, the format reward, and
-    ``answer_diversity`` of ``answers`` (each answer's ``stats.given_answer``)."""
+    standard error over problems, ``per_problem`` for the paired change, the format reward,
+    ``answer_diversity`` of ``answers`` (each answer's ``stats.given_answer``, group after group), and
+    ``splits``: the same per part of the held-out set where the problems name one (their ``"split"``:
+    "seen" or "unseen" templates; ``common.stats.by_split``), {} where they do not."""
     per_problem = [sum(bool(s["correct"]) for s in g["scores"]) / len(g["scores"]) for g in groups]
     accuracy, standard_error = stats.mean_and_standard_error(per_problem)
     scores = [s for g in groups for s in g["scores"]]
+    ends = list(itertools.accumulate(len(g["scores"]) for g in groups))
+    answers_per_problem = [answers[end - len(g["scores"]) : end] for g, end in zip(groups, ends, strict=True)]
+    splits = [g.get("problem", {}).get("split") for g in groups]
     return {
         "accuracy": accuracy,
         "standard_error": standard_error,
@@ -189,6 +195,7 @@ def held_out_result(groups: list[dict], answers: list[str | None], samples_per_p
         "samples_per_problem": samples_per_problem,
         "per_problem": per_problem,
         "answer_diversity": stats.answer_diversity(answers),
+        "splits": stats.by_split(splits, per_problem, answers_per_problem),
     }
 
 
@@ -201,7 +208,8 @@ def paired_gain(before: dict, after: dict) -> tuple[float, float]:
 def held_out_record(before: dict, after: dict, measure: str = "accuracy") -> dict:
     """Two ``evaluate`` results on the same problems and seeds as the notebooks record them (``records.record``'s
     ``held_out``; the summary's lines are ``tools.training_session_notebooks.held_out_lines``): each figure
-    with its standard error, the paired change's, and each model's answer diversity."""
+    with its standard error, the paired change's, each model's answer diversity, and the same per split
+    (``stats.paired_by_split``: seen and unseen templates)."""
     change, change_standard_error = paired_gain(before, after)
     return {
         "before": before["accuracy"],
@@ -215,6 +223,10 @@ def held_out_record(before: dict, after: dict, measure: str = "accuracy") -> dic
         "measure": measure,
         "before_answer_diversity": before["answer_diversity"],
         "after_answer_diversity": after["answer_diversity"],
+        # seen and unseen templates apart, where the problems name them (results from before: none)
+        "splits": stats.paired_by_split(
+            before.get("splits") or {}, after.get("splits") or {}, after["answer_diversity"]
+        ),
     }
 
 

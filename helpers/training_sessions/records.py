@@ -89,7 +89,8 @@ def held_out_lines(held_out: dict) -> list[str]:
     """A session's held-out figures (``grpo.held_out_record``), as the summary and the
     notebooks print them: 'held-out accuracy 0.300 ± 0.040 -> 0.350 ± 0.041 (...; 64 problems x 16
     answers)', then whether the change counts as a gain (``common.stats.judge_change``: beyond two
-    standard errors, and the trained model's answers not collapsed into one) and each model's answers."""
+    standard errors, and the trained model's answers not collapsed into one), each model's answers, and
+    the same for each split of the held-out set it has (seen and unseen templates: recall and transfer)."""
     from common import stats
 
     measure = held_out.get("measure", "accuracy")
@@ -108,6 +109,7 @@ def held_out_lines(held_out: dict) -> list[str]:
     answers = stats.describe_answers_before_and_after(held_out.get("before_answer_diversity"), after)
     if answers:
         lines.append(answers)
+    lines += [stats.describe_split(name, figures) for name, figures in (held_out.get("splits") or {}).items()]
     return lines
 
 

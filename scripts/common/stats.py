@@ -141,3 +141,71 @@ def judge_change(change: float, standard_error: float, after: dict | None) -> st
     if change < -GAIN_STANDARD_ERRORS * standard_error:
         return f"{size}: a loss"
     return f"{size}: within {GAIN_STANDARD_ERRORS:g} standard errors, not a gain"
+
+
+# --------------------------------------------------------------------------- seen and unseen templates
+
+# A held-out problem can say which part of the held-out set it belongs to (its "split"): "seen", a template
+# the training problems use, with other names and numbers; "unseen", a template no training problem uses,
+# the same skill in other words. The same rule judges each part; what a gain means differs.
+SPLIT_MEANING = {
+    "seen": "templates the training problems use: a gain here is recall of a pattern",
+    "unseen": "templates no training problem uses: a gain here is transfer",
+}
+
+
+def by_split(splits: Sequence[str | None], per_item: Sequence[float], answers: Sequence[Sequence[str | None]]) -> dict:
+    """One evaluation's figures per split: for each split some items name (``splits[i]``, None: none), the
+    mean of their ``per_item`` values (``accuracy``), its ``standard_error``, ``n``, ``per_item`` (for a
+    paired change) and the ``answer_diversity`` of their ``answers`` (``answers[i]``: item i's answers).
+    {} when no item names a split (a set without them, such as openai/gsm8k)."""
+    found = {}
+    for name in sorted({split for split in splits if split is not None}):
+        mine = [i for i, split in enumerate(splits) if split == name]
+        values = [per_item[i] for i in mine]
+        accuracy, standard_error = mean_and_standard_error(values)
+        found[name] = {
+            "accuracy": accuracy,
+            "standard_error": standard_error,
+            "n": len(mine),
+            "per_item": values,
+            "answer_diversity": answer_diversity([a for i in mine for a in answers[i]]),
+        }
+    return found
+
+
+def paired_by_split(before: dict, after: dict, whole_after: dict | None = None) -> dict:
+    """Two ``by_split`` results of the same items: each split's figure before and after with its standard
+    error, the paired change with its own, ``n``, and each model's answer diversity (``judge_change`` reads
+    the change and ``after_answer_diversity``, as for the whole set). A model whose answers to the whole set
+    collapsed (``whole_after``) has collapsed on each part too, even where a part's own answers are less
+    uniform: that part's ``after_answer_diversity`` is then the whole set's, so no part's change is a gain."""
+    found = {}
+    for name in sorted(before.keys() & after.keys()):
+        b, a = before[name], after[name]
+        change, change_standard_error = paired_change(b["per_item"], a["per_item"])
+        after_answers = whole_after if whole_after is not None and collapsed(whole_after) else a["answer_diversity"]
+        found[name] = {
+            "before": b["accuracy"],
+            "before_standard_error": b["standard_error"],
+            "after": a["accuracy"],
+            "after_standard_error": a["standard_error"],
+            "change": change,
+            "change_standard_error": change_standard_error,
+            "n": b["n"],
+            "before_answer_diversity": b["answer_diversity"],
+            "after_answer_diversity": after_answers,
+        }
+    return found
+
+
+def describe_split(name: str, figures: dict) -> str:
+    """'unseen templates (16 problems; ...: a gain here is transfer): 0.250 ± 0.108 -> 0.375 ± 0.125,
+    change +0.125 ± 0.085, +1.5 standard errors: within 2 standard errors, not a gain' (``paired_by_split``)."""
+    meaning = SPLIT_MEANING.get(name, "a part of the held-out set")
+    return (
+        f"{name} templates ({figures['n']} problems; {meaning}): {figures['before']:.3f} ± "
+        f"{figures['before_standard_error']:.3f} -> {figures['after']:.3f} ± {figures['after_standard_error']:.3f}, "
+        f"change {figures['change']:+.3f} ± {figures['change_standard_error']:.3f}, "
+        + judge_change(figures["change"], figures["change_standard_error"], figures.get("after_answer_diversity"))
+    )

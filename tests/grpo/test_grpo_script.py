@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from common import stats
 from container_env import container_env, run_script
 from safetensors.torch import load_file
 
@@ -345,7 +346,10 @@ def test_evaluate_end_to_end(tiny_model_path, offline_data, tmp_path):
     )
     assert code == 0, output
     line = metric_lines(output)[0]
-    assert re.fullmatch(r"step=0 accuracy=[0-9.]+ standard_error=[0-9.e-]+ mean_reward=[0-9.]+ n=8", line), line
+    # the offline set's test split: half seen templates, half unseen, each with its own figures
+    split = r"accuracy_{0}=[0-9.]+ standard_error_{0}=[0-9.e-]+ n_{0}=4"
+    whole = r"step=0 accuracy=[0-9.]+ standard_error=[0-9.e-]+ mean_reward=[0-9.]+ n=8"
+    assert re.fullmatch(f"{whole} {split.format('seen')} {split.format('unseen')}", line), line
     unpacked = [p for p in (tmp_path / "tmp").iterdir() if p.name.startswith("model-channel-")]
     assert len(unpacked) == 1 and (unpacked[0] / "config.json").is_file()
     assert json.loads((tmp_path / "model" / "evaluation.json").read_text())["model"] == str(unpacked[0])
@@ -355,6 +359,11 @@ def test_evaluate_end_to_end(tiny_model_path, offline_data, tmp_path):
         assert [r["index"] for r in result["records"]] == list(range(8))
         assert result["accuracy"] == sum(r["correct"] for r in result["records"]) / 8
         assert all({"completion", "reward", "correct", "reference", "example"} <= r.keys() for r in result["records"])
+        for name, part in result["splits"].items():
+            mine = [r["accuracy"] for r in result["records"] if r["example"]["split"] == name]
+            assert (part["accuracy"], part["standard_error"]) == stats.mean_and_standard_error(mine)
+            assert part["n"] == 4 and part["answer_diversity"]["answers"] == 4
+        assert sorted(result["splits"]) == ["seen", "unseen"]
 
 
 def test_evaluate_refuses_an_unknown_environment(monkeypatch):

@@ -230,6 +230,9 @@ def test_grpo_model_was_evaluated_before_and_after(notebook_run):
     assert set(evaluation) == {"base", "trained", "held_out_change"}  # paired, with each model's answers
     for label in ("base", "trained"):
         assert 0.0 <= evaluation[label]["accuracy"] <= 1.0
+        assert evaluation[label]["n_seen"] == evaluation[label]["n_unseen"] == evaluation[label]["n"] / 2
+    # notebook 0's held-out problems: half of the training templates, half of templates never trained on
+    assert sorted(evaluation["held_out_change"]["splits"]) == ["seen", "unseen"]
     requests = {job["job_name"]: job["request"] for job in notebook_run.jobs("06")}
     models = {
         name: next(
@@ -240,6 +243,7 @@ def test_grpo_model_was_evaluated_before_and_after(notebook_run):
     assert models[evaluation["base"]["job_name"]].rstrip("/") == state["model"].rstrip("/")
     assert state["grpo_job"] in models[evaluation["trained"]["job_name"]]
     assert "accuracy" in (notebook_run.out / "summary.md").read_text()
+    assert "- unseen templates (16 problems; " in (notebook_run.out / "summary.md").read_text()
 
 
 def test_spot_job_was_interrupted_and_resumed_from_a_checkpoint(notebook_run):

@@ -255,6 +255,8 @@ def test_session_grpo_raises_the_reward(notebook_run):
     assert held_out["after"] > held_out["before"] and not stats.collapsed(held_out["after_answer_diversity"]), held_out
     assert 0 < held_out["change_standard_error"] < 0.1 and held_out["problems"] == 64, held_out
     assert held_out["after_answer_diversity"]["answers"] == 64 * 16, held_out
+    # half the held-out problems in the training wording (recall), half in words never trained on (transfer)
+    assert {name: part["n"] for name, part in held_out["splits"].items()} == {"seen": 32, "unseen": 32}, held_out
     assert record["final_metrics"]["clip_fraction"] == 0  # on-policy: every ratio is 1
     assert record["billable_tokens"]["sample"] > 0 and record["billable_tokens"]["training"] > 0
     summary = (notebook_run.out / "summary.md").read_text()
