@@ -34,6 +34,7 @@ Formats:
 
 from __future__ import annotations
 
+import functools
 import itertools
 import json
 import random
@@ -163,29 +164,60 @@ GSM8K_TEMPLATES: list[Callable[[random.Random], tuple[str, list[str], int]]] = [
 
 # Easy problems: one step, numbers below 10. The answer of a "stated" problem is in the question.
 # Each template returns (its name, question, worked steps, answer); a record keeps the name as "template".
+# A wording: (question, worked step), formatted with the problem's name, item and numbers.
+_STATED = {
+    "stated": (
+        "{name} puts {count} {item} in a box. How many {item} are in the box?",
+        "There are {count} {item} in the box.",
+    ),
+    "stated_reworded": (
+        "There are {count} {item} on {name}'s desk. How many {item} lie on the desk?",
+        "There are {count} {item} on the desk.",
+    ),
+}
+_MORE = {
+    "more": (
+        "{name} has {have} {item} and finds {more} more. How many {item} does {name} have now?",
+        "{name} has {have}+{more} = <<{have}+{more}={total}>>{total} {item}.",
+    ),
+    "more_reworded": (
+        "{name} had {have} {item}. A friend gave {name} {more} {item}. How many {item} does {name} have in all?",
+        "{name} has {have}+{more} = <<{have}+{more}={total}>>{total} {item}.",
+    ),
+}
+_LEFT = {
+    "left": (
+        "{name} has {have} {item} and gives {given} away. How many {item} are left?",
+        "{name} has {have}-{given} = <<{have}-{given}={left}>>{left} {item} left.",
+    ),
+    "left_reworded": (
+        "{name} had {have} {item} and lost {given} of them. How many {item} does {name} still have?",
+        "{name} has {have}-{given} = <<{have}-{given}={left}>>{left} {item}.",
+    ),
+}
 
 
-def _easy_stated(rng: random.Random) -> tuple[str, str, list[str], int]:
+def _easy_stated(template: str, rng: random.Random) -> tuple[str, str, list[str], int]:
     name, item, count = rng.choice(NAMES), rng.choice(ITEMS), rng.randint(1, 9)
-    question = f"{name} puts {count} {item} in a box. How many {item} are in the box?"
-    return "stated", question, [f"There are {count} {item} in the box."], count
+    question, step = _STATED[template]
+    return template, question.format(name=name, item=item, count=count), [step.format(count=count, item=item)], count
 
 
-def _easy_more(rng: random.Random) -> tuple[str, str, list[str], int]:
+def _easy_more(template: str, rng: random.Random) -> tuple[str, str, list[str], int]:
     name, item = rng.choice(NAMES), rng.choice(ITEMS)
     have, more = rng.randint(1, 9), rng.randint(1, 9)
-    total = have + more
-    question = f"{name} has {have} {item} and finds {more} more. How many {item} does {name} have now?"
-    return "more", question, [f"{name} has {have}+{more} = <<{have}+{more}={total}>>{total} {item}."], total
+    question, step = _MORE[template]
+    figures = {"name": name, "item": item, "have": have, "more": more, "total": have + more}
+    return template, question.format(**figures), [step.format(**figures)], have + more
 
 
-def _easy_left(rng: random.Random) -> tuple[str, str, list[str], int]:
+def _easy_left(template: str, rng: random.Random) -> tuple[str, str, list[str], int]:
     name, item = rng.choice(NAMES), rng.choice(ITEMS)
     have = rng.randint(2, 9)
     given = rng.randint(1, have - 1)
-    left = have - given
-    question = f"{name} has {have} {item} and gives {given} away. How many {item} are left?"
-    return "left", question, [f"{name} has {have}-{given} = <<{have}-{given}={left}>>{left} {item} left."], left
+    question, step = _LEFT[template]
+    figures = {"name": name, "item": item, "have": have, "given": given, "left": have - given}
+    return template, question.format(**figures), [step.format(**figures)], have - given
 
 
 # (name, question about {name} and {item}, the fact that answers it, the answer)
@@ -202,29 +234,7 @@ _FACTS = [
         30,
     ),
 ]
-
-
-def _easy_fact(rng: random.Random) -> tuple[str, str, list[str], int]:
-    template, question, fact, answer = rng.choice(_FACTS)
-    return template, question.format(name=rng.choice(NAMES), item=rng.choice(ITEMS)), [fact], answer
-
-
-# The templates of the training split (and of the local base models' fine-tuning, format_tuned_models):
-# "seen". Half the facts, then a number stated, added, taken away.
-EASY_GSM8K_TEMPLATES: list[Callable[[random.Random], tuple[str, str, list[str], int]]] = [
-    _easy_fact,
-    _easy_fact,
-    _easy_fact,
-    _easy_stated,
-    _easy_more,
-    _easy_left,
-]
-
-
-# "Unseen" templates: never in a training split. Each asks for a skill of a seen template, in words the
-# seen ones do not use: the same six facts asked another way, a count stated with another verb and place,
-# an addition without "finds ... more", a subtraction without "gives ... away ... left". A model that
-# learned the skill, not the wording, can solve them: a gain on them is transfer, not recall.
+# The same six facts asked in other words.
 _FACTS_REWORDED = [
     ("dozen_reworded", "{name} orders a dozen {item}. How many {item} arrive?", "A dozen is 12.", 12),
     (
@@ -250,41 +260,28 @@ _FACTS_REWORDED = [
 ]
 
 
-def _reworded_fact(rng: random.Random) -> tuple[str, str, list[str], int]:
-    template, question, fact, answer = rng.choice(_FACTS_REWORDED)
+def _easy_fact(facts: list[tuple[str, str, str, int]], rng: random.Random) -> tuple[str, str, list[str], int]:
+    template, question, fact, answer = rng.choice(facts)
     return template, question.format(name=rng.choice(NAMES), item=rng.choice(ITEMS)), [fact], answer
 
 
-def _reworded_stated(rng: random.Random) -> tuple[str, str, list[str], int]:
-    name, item, count = rng.choice(NAMES), rng.choice(ITEMS), rng.randint(1, 9)
-    question = f"There are {count} {item} on {name}'s desk. How many {item} lie on the desk?"
-    return "stated_reworded", question, [f"There are {count} {item} on the desk."], count
-
-
-def _reworded_more(rng: random.Random) -> tuple[str, str, list[str], int]:
-    name, item = rng.choice(NAMES), rng.choice(ITEMS)
-    have, more = rng.randint(1, 9), rng.randint(1, 9)
-    total = have + more
-    question = f"{name} had {have} {item}. A friend gave {name} {more} {item}. How many {item} does {name} have in all?"
-    return "more_reworded", question, [f"{name} has {have}+{more} = <<{have}+{more}={total}>>{total} {item}."], total
-
-
-def _reworded_left(rng: random.Random) -> tuple[str, str, list[str], int]:
-    name, item = rng.choice(NAMES), rng.choice(ITEMS)
-    have = rng.randint(2, 9)
-    lost = rng.randint(1, have - 1)
-    kept = have - lost
-    question = f"{name} had {have} {item} and lost {lost} of them. How many {item} does {name} still have?"
-    return "left_reworded", question, [f"{name} has {have}-{lost} = <<{have}-{lost}={kept}>>{kept} {item}."], kept
-
-
+# The templates of the training split (and of the local base models' fine-tuning, format_tuned_models):
+# "seen". Half the facts, then a number stated, added, taken away.
+EASY_GSM8K_TEMPLATES: list[Callable[[random.Random], tuple[str, str, list[str], int]]] = [
+    *[functools.partial(_easy_fact, _FACTS)] * 3,
+    functools.partial(_easy_stated, "stated"),
+    functools.partial(_easy_more, "more"),
+    functools.partial(_easy_left, "left"),
+]
+# "Unseen" templates: never in a training split. Each asks for a skill of a seen template, in words the
+# seen ones do not use: the same six facts asked another way, a count stated with another verb and place,
+# an addition without "finds ... more", a subtraction without "gives ... away ... left". A model that
+# learned the skill, not the wording, can solve them: a gain on them is transfer, not recall.
 UNSEEN_EASY_GSM8K_TEMPLATES: list[Callable[[random.Random], tuple[str, str, list[str], int]]] = [
-    _reworded_fact,
-    _reworded_fact,
-    _reworded_fact,
-    _reworded_stated,
-    _reworded_more,
-    _reworded_left,
+    *[functools.partial(_easy_fact, _FACTS_REWORDED)] * 3,
+    functools.partial(_easy_stated, "stated_reworded"),
+    functools.partial(_easy_more, "more_reworded"),
+    functools.partial(_easy_left, "left_reworded"),
 ]
 
 
