@@ -81,7 +81,8 @@ def test_cache_is_reused(tiny_model_path):
 
 def test_offline_data_sets_have_the_real_formats(offline_data):
     gsm = offline_data_rows(offline_data["gsm8k"])
-    assert all(set(r) == {"question", "answer"} and "####" in r["answer"] for r in gsm)
+    # openai/gsm8k's fields, and the name of the template the offline problem was drawn from
+    assert all(set(r) == {"question", "answer", "template"} and "####" in r["answer"] for r in gsm)
     assert all(data_sets.gsm8k_final_number(r["answer"]).lstrip("-").isdigit() for r in gsm)
     prefs = offline_data_rows(offline_data["preferences"])
     assert all(r["chosen"] != r["rejected"] and r["prompt"] for r in prefs)
