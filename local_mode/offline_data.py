@@ -348,16 +348,45 @@ def solution_text(answer: str) -> str:
 
 
 def preference_records(n: int, seed: int = 0) -> list[dict]:
-    """Preference pairs: the correct worked solution is chosen, one with a wrong final number rejected."""
-    rng = random.Random(seed + 1)
+    """Preference pairs on the worded problems: the chosen answer is the worked solution ending with the
+    ``#### <number>`` line the GSM8K checker reads first (and ``format_reward`` pays for); the rejected one has
+    the same steps but ends without that line, in one of two ways, alternately:
+
+    - it stops after the last step (``unfinished_answer``);
+    - it ends "The answer is <number>." instead (``worded_answer``).
+
+    Why these: the base models prefer the rejected answer or cannot tell the two apart, so DPO has something
+    to teach, and what it teaches (end with the line the checker reads; the prompt, the bare question, does
+    not ask for it) is one rule that a few steps can learn and that carries over to held-out pairs. Measured
+    with summed answer log-probabilities (tokenised by ``common.preferences.tokenize_pair``) on the 96 pairs
+    of seed 0, the share where the base model gives the chosen answer the higher log-probability, and the
+    median margin chosen - rejected: SmolLM2-135M-Instruct 0.04 (-4.3 nats) on the unfinished kind and 0.38
+    (-1.1) on the worded kind; the tiny model 0.00 (-28) and 1.00 (+20): being untrained, it prefers the
+    answer of fewer tokens, so 0.5 over the mix. A rejected answer that keeps the steps and ends with a wrong
+    ``#### <number>`` teaches nothing: SmolLM2 gives the right number the higher log-probability in 48 of
+    48 such pairs (it copies the last step's result), and in 0.90 when the slip is carried into the last step.
+    """
     records = []
-    for problem in gsm8k_records(n, seed=seed + 1):
-        good = solution_text(problem["answer"])
-        right = int(gsm8k_final_number(problem["answer"]))
-        wrong = right + rng.choice([-3, -2, -1, 1, 2, 5, 10])
-        bad = good.rsplit("####", 1)[0] + f"#### {wrong}"
-        records.append({"prompt": problem["question"], "chosen": good, "rejected": bad})
+    for i, problem in enumerate(gsm8k_records(n, seed=seed + 1)):
+        chosen = solution_text(problem["answer"])
+        rejected = unfinished_answer(chosen) if i % 2 == 0 else worded_answer(chosen)
+        records.append({"prompt": problem["question"], "chosen": chosen, "rejected": rejected})
     return records
+
+
+def _steps(solution: str) -> str:
+    """A worked solution without its final ``#### <number>`` line."""
+    return solution.rsplit("####", 1)[0].rstrip()
+
+
+def unfinished_answer(solution: str) -> str:
+    """The worked steps, stopped after the last one: no final line."""
+    return _steps(solution)
+
+
+def worded_answer(solution: str) -> str:
+    """The worked steps, then "The answer is <number>." instead of the ``#### <number>`` line."""
+    return f"{_steps(solution)}\nThe answer is {gsm8k_final_number(solution)}."
 
 
 _SMALL_TALK = [

@@ -1,10 +1,15 @@
 """Direct Preference Optimization (DPO) of a causal LM, in one plain loop.
 
-Data: channel ``train`` (``SM_CHANNEL_TRAIN``) holding ``train.jsonl``, one preference a line
-(and optionally channel ``test`` with ``test.jsonl``, scored as ``eval_loss``,
-``eval_rewards_accuracies`` and ``eval_rewards_margins``)::
+Data: channel ``train`` (``SM_CHANNEL_TRAIN``) holding ``train.jsonl``, one preference a line,
+and optionally channel ``test`` with ``test.jsonl``::
 
     {"prompt": "...", "chosen": "...", "rejected": "..."}
+
+The test pairs are scored before the first step (logged as step 0) and at the end (``--eval_every``: also
+in between): ``eval_loss``, ``eval_rewards_accuracies``, ``eval_rewards_margins`` and
+``eval_likelihood_accuracy`` (the share of pairs where the model gives the chosen answer the higher
+log-probability; at step 0 the starting model's), with its standard error, the reference's (the starting
+model's) beside it and the paired change between the two on the same pairs (``evaluate``).
 
 The prompt becomes a user turn of the tokenizer's chat template (with the generation prompt),
 each answer an assistant turn (with its end-of-turn token); as in TRL, the completion starts
@@ -44,7 +49,7 @@ import sys
 from dataclasses import dataclass
 
 import torch
-from common import checkpoints, contract, data, distributed, models
+from common import checkpoints, contract, data, distributed, models, stats
 from common.contract import UserError, option
 from common.preferences import dpo_loss, tokenize_pair  # torch alone: the training sessions import them too
 from common.training_run import TrainingRun
@@ -234,9 +239,18 @@ def reference_tables(args: DPOArgs, reference, resumed: dict | None, examples, t
 
 
 def evaluate(model, reference, ref_table, examples: list[dict], learners, args: DPOArgs, pad_token_id: int) -> dict:
-    """DPO loss, reward accuracy and margin over the whole test set (the learners share the work)."""
+    """The held-out pairs at the current weights (the learners share the work), means over the pairs:
+
+    - ``eval_loss``, ``eval_rewards_accuracies``, ``eval_rewards_margins``: DPO's loss, its implicit reward
+      accuracy (0 before the first step, where every reward is 0) and reward margin;
+    - ``eval_likelihood_accuracy`` with ``_se``: the share of pairs where the policy gives the chosen answer
+      the higher log-probability, which needs no reference and so means something before training too;
+    - ``eval_reference_likelihood_accuracy`` with ``_se``: the same share under the reference (the starting
+      model, unless ``--reference_model_name_or_path`` names another), and ``eval_likelihood_accuracy_change``
+      with ``_se``: the policy's minus the reference's on the same pairs, a paired change; ``eval_pairs``."""
     model.eval()
-    sums = torch.zeros(4, dtype=torch.float64)  # loss, accurate pairs, margins, pairs
+    # one row a pair: loss, reward margin, chosen more likely under the policy, and under the reference
+    per_pair = torch.zeros(len(examples), 4, dtype=torch.float64)
     with torch.no_grad():
         for indices, counted in data.evaluation_batches(len(examples), learners, args.per_device_batch_size):
             batch = collate_pairs([examples[i] for i in indices], pad_token_id, learners.device)
@@ -246,21 +260,24 @@ def evaluate(model, reference, ref_table, examples: list[dict], learners, args: 
             chosen, rejected = completion_logps(logits, batch["input_ids"], batch["completion_mask"]).chunk(2)
             losses, chosen_rewards, rejected_rewards = dpo_loss(chosen, rejected, ref_chosen, ref_rejected, args.beta)
             if counted:
-                sums += torch.tensor(
-                    [
-                        losses.sum().item(),
-                        (chosen_rewards > rejected_rewards).sum().item(),
-                        (chosen_rewards - rejected_rewards).sum().item(),
-                        len(indices),
-                    ],
-                    dtype=torch.float64,
-                )
+                rows = [losses, chosen_rewards - rejected_rewards, chosen > rejected, ref_chosen > ref_rejected]
+                per_pair[indices] = torch.stack([row.double().cpu() for row in rows], dim=1)
     model.train()
-    loss, accurate, margins, pairs = distributed.all_reduce_sum(sums, learners).tolist()
+    loss, margin, policy_prefers_chosen, reference_prefers_chosen = distributed.all_reduce_sum(per_pair, learners).T
+    accuracy, accuracy_se = stats.mean_and_standard_error(policy_prefers_chosen.tolist())
+    reference_accuracy, reference_accuracy_se = stats.mean_and_standard_error(reference_prefers_chosen.tolist())
+    change, change_se = stats.paired_change(reference_prefers_chosen.tolist(), policy_prefers_chosen.tolist())
     return {
-        "eval_loss": loss / pairs,
-        "eval_rewards_accuracies": accurate / pairs,
-        "eval_rewards_margins": margins / pairs,
+        "eval_loss": loss.mean().item(),
+        "eval_rewards_accuracies": (margin > 0).double().mean().item(),
+        "eval_rewards_margins": margin.mean().item(),
+        "eval_likelihood_accuracy": accuracy,
+        "eval_likelihood_accuracy_se": accuracy_se,
+        "eval_reference_likelihood_accuracy": reference_accuracy,
+        "eval_reference_likelihood_accuracy_se": reference_accuracy_se,
+        "eval_likelihood_accuracy_change": change,
+        "eval_likelihood_accuracy_change_se": change_se,
+        "eval_pairs": len(examples),
     }
 
 
@@ -295,6 +312,10 @@ def train(args: DPOArgs, learners: distributed.Learners) -> bool:
     if args.precompute_ref_log_probs:
         reference = None  # not needed any more: frees its memory
     logger = run.start()
+
+    # ---- the held-out pairs before the first step: the base model's preferences, to compare the end with
+    if test_examples and run.start_step == 0:
+        logger.log(0, evaluate(model, reference, test_ref_table, test_examples, learners, args, tokenizer.pad_token_id))
 
     for step in range(run.start_step + 1, args.max_steps + 1):
         # ---- the global batch, longest first so micro-batches hold similar lengths (less padding)

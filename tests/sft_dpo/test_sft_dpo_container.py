@@ -67,14 +67,20 @@ def test_script_runs_through_the_container_contract(
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
 
     lines = _metric_lines(result.stdout)
-    assert [int(line.split()[0][5:]) for line in lines] == [1, 2, 3]
+    # dpo.py also scores the test pairs before its first step, as step 0: the starting model's preferences
+    logged_steps = [0, 1, 2, 3] if script == "dpo.py" else [1, 2, 3]
+    assert [int(line.split()[0][5:]) for line in lines] == logged_steps
+    if script == "dpo.py":
+        before, *lines = lines
+        assert METRIC_LINE.match(before) and "eval_likelihood_accuracy=" in before, before
+        assert "eval_rewards_accuracies=0 " in before, before  # the policy is the reference: every reward is 0
     for line in lines:
         assert METRIC_LINE.match(line), line
         for name in names:
             _value(line, name)
     assert "eval_loss=" in lines[-1] and "eval_loss=" not in lines[-2]  # the test channel, scored at the end
     records = read_metrics(tmp_path)
-    assert [r["step"] for r in records] == [1, 2, 3]
+    assert [r["step"] for r in records] == logged_steps
     assert records[-1]["loss"] == pytest.approx(_value(lines[-1], "loss"), rel=1e-3)
     assert "progress: step 3/3" in result.stdout
     assert (tmp_path / "checkpoints" / "step_00000002" / "manifest.json").is_file()  # $SAGEMAKER_BASE_DIR/checkpoints
