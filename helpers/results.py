@@ -196,6 +196,24 @@ def rows(figures: dict) -> list[dict]:
             f"{code.get('samples_per_example', '?')} answer(s) at temperature {code.get('temperature', '?')}"
         )
         found.append(_paired_row("04", what, "share of answers that pass every test", code))
+    for job in figures.get("jobs") or []:
+        final = job.get("final_metrics") or {}
+        if number(final.get("eval_likelihood_accuracy_change")) is not None:  # dpo.py's last held-out evaluation
+            what = (
+                f"DPO (training job): held-out likelihood accuracy, {int(final.get('eval_pairs', 0)) or '?'} pairs "
+                "(chosen more likely than rejected): the starting model -> the DPO model"
+            )
+            record = {  # before: the reference's figure on the same pairs, the starting model's
+                "before": final.get("eval_reference_likelihood_accuracy"),
+                "before_standard_error": final.get("eval_reference_likelihood_accuracy_se"),
+                "after": final.get("eval_likelihood_accuracy"),
+                "after_standard_error": final.get("eval_likelihood_accuracy_se"),
+                "change": final.get("eval_likelihood_accuracy_change"),
+                "change_standard_error": final.get("eval_likelihood_accuracy_change_se"),
+            }
+            found.append(
+                _paired_row(_notebook(job.get("notebook"), "02"), what, "share of pairs", record, answers=False)
+            )
     evaluation = figures.get("evaluation") or {}
     base, trained = evaluation.get("base") or {}, evaluation.get("trained") or {}
     paired = evaluation.get("held_out_change") or {}  # notebook 6's paired change, where the run kept one

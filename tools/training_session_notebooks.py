@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from helpers.results import change_text, verdict
 from helpers.training_sessions.records import held_out_lines, notebook_lines
 
 SDK_V3_KERNEL = "sagemaker-sdk-v3"  # the kernel of .venv-sessions, which the Makefile registers
@@ -151,6 +152,11 @@ def render(sessions: list[dict]) -> list[str]:
                 f"± {before['likelihood_accuracy_se']:.3f} -> {after['likelihood_accuracy']:.3f} "
                 f"± {after['likelihood_accuracy_se']:.3f}; reward accuracy after {after['reward_accuracy']:.3f} "
                 f"± {after['reward_accuracy_se']:.3f}, margin {after['margin']:.4f} ± {after['margin_se']:.4f}"
+            )
+            change, error = p.get("held_out_change"), p.get("held_out_change_se")
+            lines.append(
+                f"  - held-out likelihood accuracy, paired change {change_text(None, None, change, error)}: "
+                f"{verdict(change, error, answers=False)}"
             )
         if s.get("test_pass_fraction"):
             lines.append(

@@ -14,9 +14,8 @@ The step itself is in notebook 12, where the reader edits it.
 
 from __future__ import annotations
 
-import math
-
 import torch
+from common import stats
 from common.preferences import dpo_loss, tokenize_pair  # scripts/common: the job's loss, imported
 
 from helpers.training_sessions import datum_tools, logprob_loss
@@ -76,19 +75,29 @@ def evaluate(training_client, datums, ref_chosen: torch.Tensor, ref_rejected: to
       the chosen answer (DPO's accuracy; 0 before training, where every reward is 0);
     - ``margin``: mean of reward chosen - reward rejected;
     - ``likelihood_accuracy``: share of pairs where the model gives the chosen answer the higher
-      log-probability (needs no reference, so it means something before training too)."""
+      log-probability (needs no reference, so it means something before training too); ``chosen_more_likely``
+      says it of each pair, for the paired change (``likelihood_change``)."""
     chosen, rejected = pair_logps(logprob_loss.token_logprobs(training_client, datums), answer_masks(datums))
     _, chosen_rewards, rejected_rewards = dpo_loss(chosen, rejected, ref_chosen, ref_rejected, beta)
     margins = chosen_rewards - rejected_rewards
-    n = len(margins)
-    reward_accuracy = float((margins > 0).double().mean())
-    likelihood_accuracy = float((chosen > rejected).double().mean())
+    chosen_more_likely = (chosen > rejected).int().tolist()
+    reward_accuracy, reward_accuracy_se = stats.mean_and_standard_error((margins > 0).int().tolist())
+    margin, margin_se = stats.mean_and_standard_error(margins.tolist())
+    likelihood_accuracy, likelihood_accuracy_se = stats.mean_and_standard_error(chosen_more_likely)
     return {
-        "pairs": n,
+        "pairs": len(margins),
         "reward_accuracy": reward_accuracy,
-        "reward_accuracy_se": math.sqrt(reward_accuracy * (1 - reward_accuracy) / n),
-        "margin": float(margins.mean()),
-        "margin_se": float(margins.std() / math.sqrt(n)) if n > 1 else float("nan"),
+        "reward_accuracy_se": reward_accuracy_se,
+        "margin": margin,
+        "margin_se": margin_se,
         "likelihood_accuracy": likelihood_accuracy,
-        "likelihood_accuracy_se": math.sqrt(likelihood_accuracy * (1 - likelihood_accuracy) / n),
+        "likelihood_accuracy_se": likelihood_accuracy_se,
+        "chosen_more_likely": chosen_more_likely,
     }
+
+
+def likelihood_change(before: dict, after: dict) -> dict:
+    """The held-out likelihood accuracy's paired change from ``before`` to ``after`` (two ``evaluate`` results
+    on the same pairs) and its standard error, under the names notebook 12 records them."""
+    change, error = stats.paired_change(before["chosen_more_likely"], after["chosen_more_likely"])
+    return {"held_out_change": change, "held_out_change_se": error}

@@ -308,6 +308,27 @@ def test_dpo_learns_to_prefer_the_chosen_answers(notebook_run):
     assert _ends(margins)[1] > _ends(margins)[0] + 0.05, margins
 
 
+def test_dpo_job_scores_the_held_out_pairs_before_its_first_step_and_after_its_last(notebook_run):
+    from helpers.results import recorded, rows
+
+    (job,) = notebook_run.jobs("02")
+    scored = [r for r in run_notebooks.job_metrics(notebook_run.out, job) if "eval_likelihood_accuracy" in r]
+    before, after = scored[0], scored[-1]
+    assert [before["step"], after["step"]] == [0, run_notebooks.CI_PARAMETERS["02"]["max_steps"]]
+    # Before the first step the policy is the reference: every implicit reward is 0, and the likelihood accuracy is
+    # the starting model's. The untrained tiny model prefers the answer of fewer tokens: the rejected one that
+    # stops after the last step, the chosen one over "The answer is <n>.", half the pairs each.
+    assert before["eval_rewards_accuracies"] == 0 and before["eval_likelihood_accuracy_change"] == 0
+    assert before["eval_likelihood_accuracy"] == 0.5 and 0 < before["eval_likelihood_accuracy_se"] < 0.1, before
+    assert after["eval_reference_likelihood_accuracy"] == before["eval_likelihood_accuracy"]
+    assert after["eval_likelihood_accuracy_change"] == pytest.approx(
+        after["eval_likelihood_accuracy"] - before["eval_likelihood_accuracy"], abs=1e-3
+    )
+    # The summary's row (and the notebook's "What you saw") judge that paired change.
+    (row,) = [r for r in rows(recorded(notebook_run.out / "work")) if r["what"].startswith("DPO (training job)")]
+    assert row["notebook"] == "02" and row["before"].startswith("0.500 ±") and row["verdict"] in ("gain", "not a gain")
+
+
 @pytest.mark.parametrize("prefix", ["03", "05"])
 def test_grpo_reward_starts_above_zero_and_rises(notebook_run, prefix):
     rewards = _curve(notebook_run, prefix, "reward")

@@ -322,9 +322,8 @@ def test_session_dpo_raises_preference_accuracy_and_margin(notebook_run):
     preference = record["preference"]
     accuracy, margin = preference["accuracy"], preference["margin"]
     # Measured with the CI parameters (16 steps of 16 pairs, lr 3e-3), first quarter -> last quarter of the steps:
-    # accuracy 0.422 -> 0.922, margin 0.020 -> 0.309 (and 0.562 -> 0.958, 0.042 -> 0.373 over 24 steps). The
-    # session is deterministic (fp32, one thread, seeded LoRA and batch order); the margins below leave room
-    # for another CPU's rounding.
+    # accuracy 0.781 -> 1.000, margin 0.391 -> 1.669. The session is deterministic (fp32, one thread, seeded
+    # LoRA and batch order); the margins below leave room for another CPU's rounding.
     assert accuracy["last_quarter"] > accuracy["first_quarter"] + 0.2, accuracy
     assert margin["last_quarter"] > margin["first_quarter"] + 0.1, margin
     # The first step's rewards are exactly 0: the reference is the session's own forward before any update.
@@ -333,15 +332,24 @@ def test_session_dpo_raises_preference_accuracy_and_margin(notebook_run):
     assert record["first_step"]["rewards_margins"] == pytest.approx(0, abs=1e-6) and record["first_step"][
         "loss"
     ] == pytest.approx(0.693147, abs=1e-6)
-    after = preference["held_out_after"]
+    before, after = preference["held_out_before"], preference["held_out_after"]
     assert after["pairs"] == training_session_notebooks.CI_PARAMETERS["12"]["held_out_pairs"]
-    assert 0 < after["likelihood_accuracy_se"] < 0.2 and after["margin_se"] > 0
+    assert after["margin_se"] > 0
+    # The untrained tiny model prefers the answer of fewer tokens: the rejected one that stops after the last step,
+    # the chosen one over "The answer is <n>.", half the pairs each (local_mode.offline_data.preference_records).
+    assert before["likelihood_accuracy"] == 0.5 and 0 < before["likelihood_accuracy_se"] < 0.1, before
+    # The paired change is recorded with its standard error, from the same pairs before and after.
+    assert len(before["chosen_more_likely"]) == len(after["chosen_more_likely"]) == after["pairs"]
+    changed = sum(after["chosen_more_likely"]) - sum(before["chosen_more_likely"])
+    assert preference["held_out_change"] == pytest.approx(changed / after["pairs"])
+    assert preference["held_out_change_se"] >= 0
     # The technique's second pass: the loop's forward passes read every training token once more (prefill).
     billed = record["billable_tokens"]
     assert preference["second_pass_prefill_tokens"] == billed["training"] > 0
     assert billed["prefill"] > billed["training"]  # plus the reference and the held-out scoring
     summary = (notebook_run.out / "summary.md").read_text()
     assert "12_training_session_dpo" in summary and "preference accuracy, first quarter" in summary
+    assert "held-out likelihood accuracy, paired change" in summary
 
 
 def test_the_summary_gives_held_out_figures_with_their_standard_errors_and_the_test_pass_fraction():
