@@ -58,13 +58,15 @@ GRPO_CI = {
 CI_PARAMETERS = {
     "00": {"model_id": "tiny", "data_source": "offline", "n_train": 64, "n_test": 32},
     "01": {"max_steps": 80, "batch_size": 8, "per_device_batch_size": 4, "max_length": 128, "learning_rate": 5e-3},
+    # DPO: at 1e-3 the 20 steps moved the rewards but not the held-out likelihood accuracy (0.50 -> 0.50);
+    # at 3e-3 it went 0.50 -> 1.00, a paired change of 5.6 standard errors.
     "02": {
         "max_steps": 20,
         "batch_size": 8,
         "per_device_batch_size": 8,
         "max_prompt_length": 64,
         "max_length": 128,
-        "learning_rate": 1e-3,
+        "learning_rate": 3e-3,
     },
     "03": GRPO_CI,
     # Code RL: 4 problems x 8 programs a step. With 4 x 4 the share of completions without a program

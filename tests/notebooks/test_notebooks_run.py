@@ -324,9 +324,10 @@ def test_dpo_job_scores_the_held_out_pairs_before_its_first_step_and_after_its_l
     assert after["eval_likelihood_accuracy_change"] == pytest.approx(
         after["eval_likelihood_accuracy"] - before["eval_likelihood_accuracy"], abs=1e-3
     )
-    # The summary's row (and the notebook's "What you saw") judge that paired change.
+    # Measured with the CI parameters (20 steps of 8 pairs, lr 3e-3): 0.50 -> 1.00, +0.50 ± 0.09 (5.6 s.e.; at lr
+    # 1e-3 it stayed 0.50). The summary's row (and the notebook's "What you saw") judge that paired change.
     (row,) = [r for r in rows(recorded(notebook_run.out / "work")) if r["what"].startswith("DPO (training job)")]
-    assert row["notebook"] == "02" and row["before"].startswith("0.500 ±") and row["verdict"] in ("gain", "not a gain")
+    assert row["notebook"] == "02" and row["before"].startswith("0.500 ±") and row["verdict"] == "gain", row
 
 
 @pytest.mark.parametrize("prefix", ["03", "05"])
