@@ -6,7 +6,7 @@ import pytest
 import torch
 from environments.gsm8k import extract_answer, has_final_line, reference_answer
 
-from local_mode.offline_data import preference_records, solution_text
+from local_mode.offline_data import preference_records
 
 
 def test_chosen_ends_with_the_checkers_line_and_rejected_does_not():
@@ -36,9 +36,8 @@ def test_the_chosen_answer_is_right_by_the_checker():
 def test_pairs_are_deterministic_per_seed():
     assert preference_records(16, seed=4) == preference_records(16, seed=4)
     assert preference_records(16, seed=4) != preference_records(16, seed=5)
-    assert [r["chosen"] for r in preference_records(6, seed=1)] == [
-        solution_text(r["chosen"]) for r in preference_records(6, seed=1)
-    ]
+    # answers as a model should write them: without GSM8K's <<48/2=24>> calculator annotations
+    assert not [r for r in preference_records(16, seed=4) if "<<" in r["chosen"] + r["rejected"]]
 
 
 def _likelihood_accuracy_of(model_path, rows) -> float:
