@@ -22,7 +22,7 @@ from helpers.results import STATE_FILE, number, recorded, rows
 from helpers.training_sessions import records
 
 # The curves of a job's loop, known by a metric only that loop logs (the first found decides), each with
-# its unit; then what the loop measured once, at its end, on its test channel: no before, no standard error.
+# its unit; then what the loop measured at its last evaluation on its test channel, without a standard error.
 JOB_CURVES = (
     (
         "rewards_margins",
@@ -133,7 +133,7 @@ def _job(job: dict) -> list[str]:
             lines.append(f"  {metric} at the last step: {final[metric]:.3f} {unit} (no curve in this state file)")
     measured = [f"{m} {final[m]:.3f} {unit}" for m, unit in at_end.items() if number(final.get(m)) is not None]
     if measured:
-        lines.append(f"  held out, measured once at the end (no before, no standard error): {'; '.join(measured)}")
+        lines.append(f"  held out, at the last evaluation (no standard error): {'; '.join(measured)}")
     return lines
 
 

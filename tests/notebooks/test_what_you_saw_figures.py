@@ -82,7 +82,7 @@ def test_a_jobs_curve_is_kept_when_it_ends_and_shown_with_its_unit(tmp_path):
         "loss: 5.500 -> 2.100 nats per target token (mean of the first quarter of 8 steps -> the last quarter)" in text
     )
     assert (
-        "held out, measured once at the end (no before, no standard error): eval_loss 2.400 nats per target token"
+        "held out, at the last evaluation (no standard error): eval_loss 2.400 nats per target token"
         in text
     )
 
