@@ -161,12 +161,13 @@ def _paired_row(notebook: str, what: str, unit: str, record: dict, **judged) -> 
 def _split_rows(notebook: str, what: str, unit: str, record: dict) -> list[dict]:
     """A row per split of a held-out set whose problems name one (``common.stats.paired_by_split``): seen
     templates, where a gain is recall, and unseen ones, where it is transfer."""
-    from common.stats import SPLIT_MEANING
+    from common.stats import SPLIT_GAIN
 
+    # the row's first words name the set it is a part of; the table's row above gives the whole set
     return [
         _paired_row(
             notebook,
-            f"{what}; its {part.get('n', '?')} problems of {name} {SPLIT_MEANING.get(name, 'templates')}",
+            f"of which {part.get('n', '?')} of {name} templates (a rise there is {SPLIT_GAIN.get(name, 'of a part of the set')})",
             unit,
             part,
         )

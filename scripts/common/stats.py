@@ -148,9 +148,10 @@ def judge_change(change: float, standard_error: float, after: dict | None) -> st
 # A held-out problem can say which part of the held-out set it belongs to (its "split"): "seen", a template
 # the training problems use, with other names and numbers; "unseen", a template no training problem uses,
 # the same skill in other words. The same rule judges each part; what a gain means differs.
+SPLIT_GAIN = {"seen": "recall of a pattern", "unseen": "transfer"}  # what a gain on each part is
 SPLIT_MEANING = {
-    "seen": "templates the training problems use: a gain here is recall of a pattern",
-    "unseen": "templates no training problem uses: a gain here is transfer",
+    "seen": f"templates the training problems use: a gain here is {SPLIT_GAIN['seen']}",
+    "unseen": f"templates no training problem uses: a gain here is {SPLIT_GAIN['unseen']}",
 }
 
 

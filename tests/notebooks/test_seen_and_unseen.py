@@ -163,9 +163,8 @@ def test_notebook_6s_change_its_lines_and_the_summary_rows_report_each_split():
     assert text[-1].startswith("unseen templates (8 problems;") and "0.000 ± 0.000 -> 0.000 ± 0.000" in text[-1]
     rows = results.rows({"evaluation": {"base": before, "trained": after, "held_out_change": held_out}})
     assert [row["notebook"] for row in rows] == ["06"] * 3
-    assert rows[1]["what"].endswith(
-        "; its 8 problems of seen templates the training problems use: a gain here is recall of a pattern"
-    )
+    assert rows[1]["what"] == "of which 8 of seen templates (a rise there is recall of a pattern)"
+    assert rows[2]["what"] == "of which 8 of unseen templates (a rise there is transfer)"
     assert (rows[2]["before"], rows[2]["after"], rows[2]["verdict"]) == ("0.000 ± 0.000", "0.000 ± 0.000", "not a gain")
     # an evaluation.json from before splits were reported, or of openai/gsm8k: no split lines
     del before["splits"], after["splits"]
