@@ -30,6 +30,13 @@ def test_readme_table_is_the_rendering_of_the_kept_summary():
     )
 
 
+def test_readme_gives_the_time_of_the_tables_run():
+    seconds = round(json.loads(KEPT.read_text())["seconds"])
+    assert f"| `make main` | {seconds} s in the run of the table below |" in README.read_text(), (
+        f"README.md's time for make main is not the kept run's ({seconds} s): write that run's time"
+    )
+
+
 def test_kept_summary_names_its_run_and_holds_no_absolute_paths():
     summary = json.loads(KEPT.read_text())
     provenance = summary["provenance"]
