@@ -43,7 +43,10 @@ def test_held_out_figures_appear_with_their_standard_errors_and_the_verdict(tmp_
         f"after {held['after']:.3f} ± {held['after_standard_error']:.3f} (± one standard error)"
     ) in text
     standard_errors = held["change"] / held["change_standard_error"]
-    assert f"change {held['change']:+.3f} ± {held['change_standard_error']:.3f}, {standard_errors:+.1f} s.e. (paired" in text
+    assert (
+        f"change {held['change']:+.3f} ± {held['change_standard_error']:.3f}, {standard_errors:+.1f} s.e. (paired"
+        in text
+    )
     assert f"{standard_errors:+.1f} standard errors: a gain" in text  # common.stats.judge_change
     assert (
         f"distinct answers {before['distinct_answers']} -> {after['distinct_answers']}; the most common answer's "
@@ -61,7 +64,9 @@ def test_a_collapsed_models_rise_is_called_collapsed_not_a_gain(tmp_path):
     answers = KEPT["evaluation"]["trained"]["answer_diversity"]
     assert answers["most_common_share"] > 0.5  # the kept run's model did collapse
     standard_errors = change["change"] / change["change_standard_error"]
-    assert f"change {change['change']:+.3f} ± {change['change_standard_error']:.3f}, {standard_errors:+.1f} s.e." in text
+    assert (
+        f"change {change['change']:+.3f} ± {change['change_standard_error']:.3f}, {standard_errors:+.1f} s.e." in text
+    )
     assert standard_errors > 2  # beyond the noise, and still no gain
     assert (
         f"collapsed: {answers['most_common_count']} of {answers['answers']} answers are "
@@ -110,10 +115,7 @@ def test_a_jobs_curve_is_kept_when_it_ends_and_shown_with_its_unit(tmp_path):
     assert (
         "loss: 5.500 -> 2.100 nats per target token (mean of the first quarter of 8 steps -> the last quarter)" in text
     )
-    assert (
-        "held out, at the last evaluation (no standard error): eval_loss 2.400 nats per target token"
-        in text
-    )
+    assert "held out, at the last evaluation (no standard error): eval_loss 2.400 nats per target token" in text
 
 
 def test_notebook_0_shows_the_rows_it_staged(tmp_path):
