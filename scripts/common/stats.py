@@ -150,8 +150,8 @@ def judge_change(change: float, standard_error: float, after: dict | None) -> st
 # the same skill in other words. The same rule judges each part; what a gain means differs.
 SPLIT_GAIN = {"seen": "recall of a pattern", "unseen": "transfer"}  # what a gain on each part is
 SPLIT_MEANING = {
-    "seen": f"templates the training problems use: a gain here is {SPLIT_GAIN['seen']}",
-    "unseen": f"templates no training problem uses: a gain here is {SPLIT_GAIN['unseen']}",
+    "seen": f"templates the training problems use; a rise here is {SPLIT_GAIN['seen']}",
+    "unseen": f"templates no training problem uses; a rise here is {SPLIT_GAIN['unseen']}",
 }
 
 
@@ -201,7 +201,7 @@ def paired_by_split(before: dict, after: dict, whole_after: dict | None = None) 
 
 
 def describe_split(name: str, figures: dict) -> str:
-    """'unseen templates (16 problems; ...: a gain here is transfer): 0.250 ± 0.108 -> 0.375 ± 0.125,
+    """'unseen templates (16 problems; ...; a rise here is transfer): 0.250 ± 0.108 -> 0.375 ± 0.125,
     change +0.125 ± 0.085, +1.5 standard errors: within 2 standard errors, not a gain' (``paired_by_split``)."""
     meaning = SPLIT_MEANING.get(name, "a part of the held-out set")
     return (

@@ -112,10 +112,10 @@ def test_a_sessions_held_out_result_and_record_report_each_split():
     assert (unseen["change"], unseen["change_standard_error"]) == stats.paired_change([0.0] * 8, [0.5, 0.5] + [0.0] * 6)
     lines = records.held_out_lines(held_out)
     assert lines[-2].startswith(
-        "seen templates (8 problems; templates the training problems use: a gain here is recall"
+        "seen templates (8 problems; templates the training problems use; a rise here is recall"
     )
     assert lines[-1] == (
-        "unseen templates (8 problems; templates no training problem uses: a gain here is transfer): "
+        "unseen templates (8 problems; templates no training problem uses; a rise here is transfer): "
         "0.000 ± 0.000 -> 0.125 ± 0.082, change +0.125 ± 0.082, "
         + stats.judge_change(unseen["change"], unseen["change_standard_error"], unseen["after_answer_diversity"])
     )
