@@ -30,7 +30,9 @@ How answers end: grpo.py's and TRL's at the end of turn or after ``max_new_token
 as notebook 8's do, at the end of turn or their first line (``session_stop``: the service's smallest
 ``max_tokens`` is 512, the API's floor), then cut to ``max_new_tokens`` before they are scored and
 trained on, which is the distribution a sampler capped there draws (each token depends only on those
-before it). The tokens it generated past the cut are its real cost, counted in its time. Each run
+before it). The tokens it generated past the cut are its real cost, counted in its time. Its greedy
+evaluations ask the session's chat operation (SampleTrainingSession), which takes ``max_tokens`` below
+that floor, for ``eval_max_new_tokens`` tokens: the others' cap, and the same answers. Each run
 prints the answers' mean length and the share that ran to the cap, so the sides' lengths can be compared;
 the session's step is also profiled (``step_profile``: the client's calls and the service's phases,
 ``local_mode/session_service/profile.py``).
@@ -87,10 +89,6 @@ PROFILES = {
         # The session's answers end as notebook 08's do, at their first line (the API's smallest
         # max_tokens is 512), and are cut to max_new_tokens as the other sides' are capped there.
         session_stop=["\n"],
-        # Its greedy evaluation has no stop: the other sides' 20-token answers run over lines, and the
-        # checker reads the last number when there is no '#### n', so an answer cut at a line scores
-        # differently. Evaluations are off the clock.
-        session_eval_stop=None,
     ),
     "tiny": dict(
         prompts_per_step=2,
@@ -111,7 +109,6 @@ PROFILES = {
         # The tiny model seldom ends an answer, and the service's samples are 512 tokens at the least:
         # the service stops at the first space, newline or digit instead, so a test runs this side in seconds.
         session_stop=[" ", "\n", *"0123456789"],
-        session_eval_stop=[" ", "\n", *"0123456789"],
     ),
 }
 N_TRAIN, N_TEST = 64, 32  # the real-model profile's data (notebook 00: n_train 64, n_test 32)
@@ -636,6 +633,9 @@ def side_row(side: str, model: str, runs: list[dict], profile: dict, baseline: d
         notes.append(f"steps {', '.join(str(s) for s in steps)}; s {', '.join(f'{s:.0f}' for s in seconds)}")
     if first is not None:
         notes.append(f"held-out {first:.2f} ± {standard_error(first, n):.2f} at step 0, best {best:.2f} (n={n})")
+    per_step = [seconds_per_step(run) for run in runs if run["curve"] and run["curve"][-1]["step"]]
+    if per_step:
+        notes.append(f"{statistics.median(per_step):.1f} s/step (median; {', '.join(f'{x:.1f}' for x in per_step)})")
     lengths = [run["completion_length"] for run in runs if run.get("completion_length") is not None]
     if lengths:
         notes.append(f"completion {statistics.median(lengths):.1f} tokens")
@@ -672,10 +672,13 @@ def measure(
     first_seed: int = 0,
     timeout: float = 7200,
     session_evaluations: bool = True,
+    lanes: int = 1,
     log=lambda text: print(text, flush=True),  # each side's line as it finishes, also into a redirected log
 ) -> list[Row]:
     """Every side once per seed, sides alternating within a seed so a change of load hits each.
-    ``concurrent``: the sides of a seed at once, to check the code quickly (their times then share the
+    ``lanes``: that many runs at once from one queue of every (seed, side), so each run has the same
+    company throughout (on 2 cores, 2 lanes: one torch thread of each of two sides, one a core).
+    ``concurrent``: every side of a seed at once, to check the code quickly (their times then share the
     cores, so they are not figures to compare)."""
     from concurrent.futures import ThreadPoolExecutor
 
@@ -684,32 +687,50 @@ def measure(
     profile = {**profile, "max_steps": cap}
     problems(profile)  # written once here, before runs that may start side by side read them
     runs = {side: [] for side in sides}
-    for seed in range(first_seed, first_seed + seeds):
-        order = sides if seed % 2 == 0 else list(reversed(sides))
-        with ThreadPoolExecutor(max_workers=len(order) if concurrent else 1) as pool:
-            futures = {
-                side: pool.submit(run_in_subprocess, side, model, seed, cap, timeout, session_evaluations)
-                for side in order
-            }
-            for side in order:
-                result = {**futures[side].result(), "seed": seed}
-                runs[side].append(result)
-                reached = result["reached_at"]
-                log(
-                    f"  {side} seed {seed}: "
-                    + (
-                        f"target at step {reached['step']} after {reached['seconds']:.1f} s"
-                        if reached
-                        else "not reached"
-                    )
-                    + f"; curve {[(p['step'], p['accuracy']) for p in result['curve']]}; "
-                    f"peak RSS {result['peak_rss_mib'] or 0:.0f} MiB; "
-                    f"{answer_lengths([result], profile['max_new_tokens'])}"
-                )
-                if result.get("step_profile"):  # the session's: where its step's time went
-                    log(profile_table(result["step_profile"]))
+    queue = [
+        (seed, side)
+        for seed in range(first_seed, first_seed + seeds)
+        for side in (sides if seed % 2 == 0 else list(reversed(sides)))
+    ]
+
+    def run(seed: int, side: str) -> dict:
+        load_before = os.getloadavg()[0]
+        result = run_in_subprocess(side, model, seed, cap, timeout, session_evaluations)
+        return {**result, "seed": seed, "load_average": [load_before, os.getloadavg()[0]]}
+
+    workers = len(sides) if concurrent else max(lanes, 1)
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        futures = []
+        for seed in range(first_seed, first_seed + seeds):
+            batch = [(s, side) for s, side in queue if s == seed]
+            # concurrent: a seed's sides start together and the next seed waits for them
+            futures += [(side, pool.submit(run, s, side)) for s, side in batch]
+            if concurrent:
+                for _, future in futures[-len(batch) :]:
+                    future.result()
+        for side, future in futures:
+            result = future.result()
+            runs[side].append(result)
+            reached = result["reached_at"]
+            log(
+                f"  {side} seed {result['seed']}: "
+                + (f"target at step {reached['step']} after {reached['seconds']:.1f} s" if reached else "not reached")
+                + f"; curve {[(p['step'], p['accuracy']) for p in result['curve']]}; "
+                f"{seconds_per_step(result):.1f} s/step; "
+                f"peak RSS {result['peak_rss_mib'] or 0:.0f} MiB; load average "
+                + " -> ".join(f"{value:.1f}" for value in result["load_average"])
+                + f"; {answer_lengths([result], profile['max_new_tokens'])}"
+            )
+            if result.get("step_profile"):  # the session's: where its step's time went
+                log(profile_table(result["step_profile"]))
     baseline = runs.get(BASELINE)
     return [side_row(side, model, runs[side], profile, baseline) for side in sides]
+
+
+def seconds_per_step(run: dict) -> float:
+    """Training seconds a step: the clock's seconds at the run's last evaluation over its step."""
+    last = run["curve"][-1] if run["curve"] else None
+    return last["seconds"] / last["step"] if last and last["step"] else float("nan")
 
 
 def main(argv: list[str] | None = None) -> list[Row] | None:
@@ -722,12 +743,19 @@ def main(argv: list[str] | None = None) -> list[Row] | None:
     )
     parser.add_argument("--max-steps", type=int, default=None, help="the step cap (default: the profile's)")
     parser.add_argument(
+        "--lanes",
+        type=int,
+        default=1,
+        help="runs at once, each one torch thread (2 on a 2-core machine: every run has one other beside it) "
+        "(default: %(default)s)",
+    )
+    parser.add_argument(
         "--concurrent", action="store_true", help="run a seed's sides at once: checks the code, times not comparable"
     )
     parser.add_argument(
         "--no-session-evaluations",
         action="store_true",
-        help="the session's steps only, for its step profile: its evaluations (no stop, 512 tokens) take minutes",
+        help="the session's steps only, for its step profile",
     )
     parser.add_argument("--out", default=str(BENCH_OUTPUT / "time_to_quality.md"))
     parser.add_argument("--worker", nargs=4, metavar=("SIDE", "MODEL", "SEED", "STEPS"), help=argparse.SUPPRESS)
@@ -746,6 +774,7 @@ def main(argv: list[str] | None = None) -> list[Row] | None:
         args.concurrent,
         args.first_seed,
         session_evaluations=not args.no_session_evaluations,
+        lanes=args.lanes,
     )
     machine += "; load average at the end " + " ".join(f"{value:.2f}" for value in os.getloadavg())
     profile = PROFILES[args.model]
@@ -754,7 +783,14 @@ def main(argv: list[str] | None = None) -> list[Row] | None:
         f"Target: held-out accuracy >= {profile['target']} on {profile['held_out']} problems (greedy, "
         f"{profile['eval_max_new_tokens']} tokens), evaluated every {profile['eval_every']} steps, cap "
         f"{args.max_steps or profile['max_steps']} steps; {args.seeds} seed(s) from seed {args.first_seed}"
-        f"{' (sides run at once: times not comparable)' if args.concurrent else ''}. ratio = side / TRL.\n\n"
+        + (
+            " (sides run at once: times not comparable)"
+            if args.concurrent
+            else f" ({args.lanes} runs at a time, one torch thread each)"
+            if args.lanes > 1
+            else ""
+        )
+        + ". ratio = side / TRL.\n\n"
         + format_table(rows, "Time to target", machine)
         + "".join(
             f"\n## The session's step, seed {run['seed']}\n\n{profile_table(run['step_profile'])}"

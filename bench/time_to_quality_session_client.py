@@ -17,7 +17,9 @@ import random
 import resource
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 
+import boto3
 from common.advantages import group_advantages  # scripts/common: helpers.training_sessions puts scripts/ on the path
 from environments.gsm8k import GSM8KEnvironment
 from sagemaker.train.training_session import SamplingParams, ServiceClient
@@ -42,16 +44,23 @@ def cut(tokenizer, groups: list[dict], max_tokens: int) -> list[dict]:
     return groups
 
 
-def held_out_accuracy(training_client, tokenizer, env, held_out: list[dict], max_tokens: int, stop=None) -> float:
-    """Greedy answers through a sampler on the current weights, cut as the other sides' are, then scored."""
-    sampler = training_client.save_weights_and_get_sampling_client()
-    # 512: the service's smallest max_tokens
-    params = SamplingParams(max_tokens=512, temperature=0.0, seed=0, stop=stop)
-    requests = session_grpo.sample_groups(sampler, tokenizer, env, held_out, 1, params)
-    groups = session_grpo.score_groups(
-        env, cut(tokenizer, session_grpo.receive_groups(tokenizer, requests), max_tokens)
-    )
-    return sum(bool(g["scores"][0]["correct"]) for g in groups) / len(groups)
+def held_out_accuracy(runtime, session_name: str, env, held_out: list[dict], max_tokens: int) -> float:
+    """Greedy answers from the session's model as it is now, scored by the checker. They come from the
+    chat operation (SampleTrainingSession), which takes a ``max_tokens`` below the sample operation's
+    512-token floor, so each answer is capped at ``max_tokens`` as the other sides' evaluations are (its
+    greedy answer is token for token the sample operation's: tests/training_sessions/test_session_chat.py).
+    Through ``sample`` they would run to 512 tokens or the end of turn, minutes an evaluation."""
+
+    def answer(problem: dict) -> str:
+        body = {"messages": env.prompt_messages(problem), "max_tokens": max_tokens, "temperature": 0}
+        response = runtime.sample_training_session(
+            trainingSessionName=session_name, contentType="application/json", body=json.dumps(body).encode()
+        )
+        return json.loads(response["body"].read())["choices"][0]["message"]["content"]
+
+    with ThreadPoolExecutor(max_workers=8) as pool:  # in flight together, so the service can share passes
+        answers = list(pool.map(answer, held_out))
+    return sum(bool(s["correct"]) for s in env.score(held_out, answers)) / len(held_out)
 
 
 def main(config: dict) -> dict:
@@ -69,6 +78,7 @@ def main(config: dict) -> dict:
         )
         stop.callback(connect.close_session, training_client)
         tokenizer = training_client.get_tokenizer()
+        runtime = boto3.client("sagemakertrainingsessionruntime", region_name="us-east-1")
 
         def evaluate(step: int) -> None:
             nonlocal reached, eval_seconds
@@ -76,12 +86,7 @@ def main(config: dict) -> dict:
                 return
             started = time.perf_counter()
             accuracy = held_out_accuracy(
-                training_client,
-                tokenizer,
-                env,
-                config["held_out"],
-                config["eval_max_new_tokens"],
-                config["session_eval_stop"],
+                runtime, training_client.training_session_name, env, config["held_out"], config["eval_max_new_tokens"]
             )
             eval_seconds += time.perf_counter() - started
             curve.append({"step": step, "seconds": round(trained, 3), "accuracy": accuracy})
