@@ -199,7 +199,9 @@ def evaluate(
         ),
     )
     answers = [
-        stats.given_answer(e.final_text, s) for g in groups for e, s in zip(g["episodes"], g["scores"], strict=True)
+        stats.given_answer(env.answer_text(e), s)
+        for g in groups
+        for e, s in zip(g["episodes"], g["scores"], strict=True)
     ]
     return {
         **grpo.held_out_result(groups, answers, samples_per_problem),
@@ -207,6 +209,26 @@ def evaluate(
         "tool_failure_rate": env.step_metrics()["tool_failure_rate"],  # and the count starts again for the loop
         "first_episode": groups[0]["episodes"][0],
     }
+
+
+def without_tool(
+    sampling_client,
+    tokenizer,
+    env,
+    problems: list[dict],
+    samples_per_problem: int,
+    temperature: float,
+    seed: int = 12345,
+) -> dict:
+    """The same held-out problems answered in one turn, without the tool: the task's own environment and
+    prompt (``env.single_turn``), the same checker and seeds, in ``grpo.evaluate``'s shape. A program ends
+    at its closing fence, as in notebook 09."""
+    stop = None if env.task == "gsm8k" else ["\n```\n"]
+    result = grpo.evaluate(
+        sampling_client, tokenizer, env.single_turn, problems, samples_per_problem, temperature, stop=stop, seed=seed
+    )
+    env.step_metrics()  # these programs are not the loop's
+    return result
 
 
 def show_episode(tokenizer, episode: Episode) -> str:
