@@ -733,6 +733,121 @@ def seconds_per_step(run: dict) -> float:
     return last["seconds"] / last["step"] if last and last["step"] else float("nan")
 
 
+# --------------------------------------------------------------------------- docs/BENCHMARKS.md's section
+
+SECTION_BEGIN = "<!-- time-to-quality:begin -->"
+SECTION_END = "<!-- time-to-quality:end -->"
+KEPT_RUN = REPO_ROOT / "docs" / "runs" / "time-to-quality-smollm2.json"  # the run the docs' tables show
+
+
+def _side_of(row: dict) -> str:
+    name = row["case"].rsplit(" (", 1)[0]
+    return next(side for side, title in SIDE_NAMES.items() if title == name)
+
+
+def _median(values: list[float]) -> float | None:
+    return statistics.median(values) if values else None
+
+
+def render_section(kept: dict) -> str:
+    """The time-to-quality tables of docs/BENCHMARKS.md from a kept run's JSON (``--out``'s ``.json``): every
+    run's curve and clock, then each side's medians against TRL's and, per step, against ``grpo.py`` LoRA's."""
+    profile, rows = kept["profile"], {_side_of(row): row for row in kept["rows"]}
+    n = profile["held_out"]
+    provenance = kept.get("provenance", {})
+    lines = [
+        f"`{provenance.get('command', 'python -m bench.time_to_quality')}`"
+        + (f", {provenance['started']} to {provenance['ended']} UTC" if "started" in provenance else "")
+        + f". {kept['machine']}.",
+        "",
+        f"Target: held-out accuracy >= {profile['target']:.2f} on {n} problems (greedy, "
+        f"{profile['eval_max_new_tokens']} tokens), evaluated before step 1 and every {profile['eval_every']} steps, "
+        f"cap {profile['max_steps']} steps. Standard error of one evaluation near the target: "
+        f"{standard_error(profile['target'], n):.2f}.",
+        "",
+        "| side | seed | target reached at step | held-out accuracy at steps 0, "
+        f"{profile['eval_every']}, {2 * profile['eval_every']}, ... | seconds of training to target | s/step "
+        "| peak RSS | load average (start -> end) |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for side in SIDES:
+        if side not in rows:
+            continue
+        for index, run in enumerate(sorted(rows[side]["extra"]["runs"], key=lambda r: r["seed"])):
+            reached = run["reached_at"]
+            lines.append(
+                "| "
+                + " | ".join(
+                    [
+                        SIDE_NAMES[side] if index == 0 else "",
+                        str(run["seed"]),
+                        str(reached["step"]) if reached else f"not in {profile['max_steps']}",
+                        ", ".join(f"{point['accuracy']:.2f}" for point in run["curve"]),
+                        f"{reached['seconds']:.1f}" if reached else "-",
+                        f"{seconds_per_step(run):.1f}",
+                        f"{run['peak_rss_mib']:,.0f} MiB",
+                        " -> ".join(f"{value:.1f}" for value in run.get("load_average", [])) or "-",
+                    ]
+                )
+                + " |"
+            )
+    per_step = {side: _median([seconds_per_step(run) for run in row["extra"]["runs"]]) for side, row in rows.items()}
+    to_target = {
+        side: _median([run["reached_at"]["seconds"] for run in row["extra"]["runs"] if run["reached_at"]])
+        for side, row in rows.items()
+    }
+    peak = {side: max(run["peak_rss_mib"] for run in row["extra"]["runs"]) for side, row in rows.items()}
+
+    def ratio(value, base) -> str:
+        return f"{value / base:.2f}" if value is not None and base else "-"
+
+    lines += [
+        "",
+        "| side | seeds that reached the target | median time to target | ratio to TRL | median s/step "
+        "| ratio to TRL | ratio to `grpo.py` LoRA | peak RSS / `grpo.py` LoRA's |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for side in SIDES:
+        if side not in rows:
+            continue
+        runs = rows[side]["extra"]["runs"]
+        seconds = [run["reached_at"]["seconds"] for run in runs if run["reached_at"]]
+        spread_text = f" ({min(seconds):.1f}-{max(seconds):.1f})" if len(seconds) > 1 else ""
+        lines.append(
+            "| "
+            + " | ".join(
+                [
+                    SIDE_NAMES[side],
+                    f"{len(seconds)} of {len(runs)}",
+                    f"{to_target[side]:.1f} s{spread_text}" if to_target[side] is not None else "-",
+                    ratio(to_target[side], to_target.get(BASELINE)),
+                    f"{per_step[side]:.1f}",
+                    ratio(per_step[side], per_step.get(BASELINE)),
+                    ratio(per_step[side], per_step.get("grpo_lora")),
+                    ratio(peak[side], peak.get("grpo_lora")),
+                ]
+            )
+            + " |"
+        )
+    lengths = [
+        f"{SIDE_NAMES[side]}: {answer_lengths(rows[side]['extra']['runs'], profile['max_new_tokens'])}"
+        for side in SIDES
+        if side in rows
+    ]
+    lines += ["", "The answers each side trained on:", "", *(f"- {text}" for text in lengths)]
+    return "\n".join(lines) + "\n"
+
+
+def write_section(docs: Path, kept: Path = KEPT_RUN) -> bool:
+    """Put ``render_section`` of the kept run between the docs' markers; True when the docs changed."""
+    from tools.results_table import replace_between_markers
+
+    text = docs.read_text()
+    updated = replace_between_markers(text, render_section(json.loads(kept.read_text())), SECTION_BEGIN, SECTION_END)
+    docs.write_text(updated)
+    return updated != text
+
+
 def main(argv: list[str] | None = None) -> list[Row] | None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="smollm2", choices=sorted(PROFILES))
@@ -758,13 +873,23 @@ def main(argv: list[str] | None = None) -> list[Row] | None:
         help="the session's steps only, for its step profile",
     )
     parser.add_argument("--out", default=str(BENCH_OUTPUT / "time_to_quality.md"))
+    parser.add_argument(
+        "--write-docs",
+        metavar="DOCS",
+        help="render the kept run (docs/runs/time-to-quality-smollm2.json) into DOCS between its markers, and stop",
+    )
     parser.add_argument("--worker", nargs=4, metavar=("SIDE", "MODEL", "SEED", "STEPS"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.write_docs:
+        changed = write_section(Path(args.write_docs))
+        print(f"{args.write_docs}: {'updated' if changed else 'already up to date'}")
+        return None
     if args.worker:
         side, model, seed, steps = args.worker
         result = worker(side, model, int(seed), int(steps), not args.no_session_evaluations)
         print("\n" + RESULT_MARK + json.dumps(result), flush=True)
         return None
+    started = time.strftime("%Y-%m-%d %H:%M", time.gmtime())
     machine = machine_description(os.getloadavg(), threads=1)  # one torch thread on every side
     rows = measure(
         args.sides,
@@ -803,7 +928,20 @@ def main(argv: list[str] | None = None) -> list[Row] | None:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(text)
     out.with_suffix(".json").write_text(
-        json.dumps({"machine": machine, "profile": profile, "rows": [r.to_dict() for r in rows]}, indent=1)
+        json.dumps(
+            {
+                "machine": machine,
+                "provenance": {
+                    "command": "python -m bench.time_to_quality "
+                    + " ".join(argv if argv is not None else sys.argv[1:]),
+                    "started": started,
+                    "ended": time.strftime("%Y-%m-%d %H:%M", time.gmtime()),
+                },
+                "profile": {**profile, "max_steps": args.max_steps or profile["max_steps"]},
+                "rows": [r.to_dict() for r in rows],
+            },
+            indent=1,
+        )
     )
     print(text)
     print(f"written to {out}")

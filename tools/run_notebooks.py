@@ -241,6 +241,35 @@ SMOLLM2_PARAMETERS = {
         "held_out_temperature": 0.0,
         "eval_every": 2,
     },
+    # The raw boto3 step on a session: a few SFT steps, each compared with the SDK's numbers.
+    "10": {
+        "base_model": "local/smollm2-135m-instruct",
+        "lora_rank": 8,
+        "lora_alpha": 16,
+        "max_steps": 2,
+        "learning_rate": 1e-4,
+    },
+    # Multi-turn RL with the Python tool on a training session, from the base model: a few supervised
+    # warm-up steps on demonstrations of the training problems show it the shape of a tool call (the cloud's
+    # instruct models know it), then 08's RL settings. Held out: greedy, 08's 32 problems, with the tool
+    # and without it.
+    "15": {
+        "base_model": "local/smollm2-135m-instruct",
+        "lora_rank": 16,
+        "lora_alpha": 32,
+        "max_steps": 8,
+        "prompts_per_step": 6,
+        "group_size": 6,
+        "max_turns": 3,
+        "context": 1024,
+        "learning_rate": 1e-3,
+        "format_reward_weight": 0.5,
+        "warmup_steps": 4,
+        "warmup_learning_rate": 5e-4,
+        "held_out_problems": 32,
+        "held_out_samples": 1,
+        "held_out_temperature": 0.0,
+    },
     # DPO on a training session (LoRA; the session trains on one core): few pairs a step, since every
     # step passes them through the model twice.
     "12": {
@@ -255,6 +284,8 @@ SMOLLM2_PARAMETERS = {
         "held_out_pairs": 32,
     },
 }
+# Notebook 01's job, sent with SDK v3's ModelTrainer: the same SFT job, as in the tiny profile.
+SMOLLM2_PARAMETERS["11"] = SMOLLM2_SFT
 PROFILES = {"tiny": CI_PARAMETERS, "smollm2": SMOLLM2_PARAMETERS}
 # How each profile shares the machine between its lanes. "sessions_first": while both lanes run, the job
 # lane's kernels, and the local-mode jobs they start, run at a lower priority (``nice``) and the session

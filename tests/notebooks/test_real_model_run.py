@@ -205,3 +205,22 @@ def test_job_code_rl_on_the_real_model_raises_the_held_out_solve_rate_beyond_its
     assert held_out["samples_per_example"] == PROFILE["04"]["eval_samples"] and held_out["temperature"] == 1.0
     assert held_out["change"] >= 2 * held_out["change_standard_error"] > 0, held_out
     assert not stats.collapsed(held_out["after_answer_diversity"]), held_out  # not one program for most problems
+
+
+def test_model_trainer_sft_on_the_real_model_lowers_its_loss(smollm2_run):
+    """Notebook 11 sends notebook 01's SFT job with SDK v3's ModelTrainer: the same loss falls."""
+    losses = _curve(smollm2_run, "11", "loss")
+    assert len(losses) == PROFILE["11"]["max_steps"]
+    first, last = _ends(losses)
+    assert last < 0.6 * first, losses
+
+
+def test_raw_api_steps_on_the_real_model(smollm2_run):
+    """Notebook 10's raw boto3 operations on SmolLM2: every step answered, the loss per answer token
+    falls, and the retried client token runs nothing new."""
+    executed = nbformat.read(smollm2_run.out / "notebooks" / "10_training_session_boto3.ipynb", as_version=4)
+    text = "".join(o.get("text", "") for c in executed.cells if c.cell_type == "code" for o in c.outputs)
+    steps = PROFILE["10"]["max_steps"]
+    losses = [float(line.split("loss per answer token ")[1]) for line in text.splitlines() if "loss per answer" in line]
+    assert len(losses) == steps and losses[-1] < losses[0], losses
+    assert f"LastReceivedSequenceNumber {2 * steps}" in text and "\nTrue\n" in text
