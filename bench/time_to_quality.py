@@ -829,6 +829,8 @@ def render_section(kept: dict) -> str:
             )
             + " |"
         )
+    if "session_lora" in rows and "grpo_lora" in rows:
+        lines += ["", *session_floor_lines(rows["session_lora"]["extra"]["runs"], per_step["grpo_lora"], profile)]
     lengths = [
         f"{SIDE_NAMES[side]}: {answer_lengths(rows[side]['extra']['runs'], profile['max_new_tokens'])}"
         for side in SIDES
@@ -836,6 +838,35 @@ def render_section(kept: dict) -> str:
     ]
     lines += ["", "The answers each side trained on:", "", *(f"- {text}" for text in lengths)]
     return "\n".join(lines) + "\n"
+
+
+def session_floor_lines(runs: list[dict], grpo_lora_per_step: float, profile: dict) -> list[str]:
+    """The part of the session's step that is the API's own: the decode past the ``max_new_tokens`` cut,
+    which the sample operation's 512-token floor makes it generate (the step profile's "decode past token
+    N"), and the step without it against ``grpo.py`` LoRA's median."""
+    cap = profile["max_new_tokens"]
+    lines = [
+        f"| training session, seed | s/step | of which decode past token {cap} (the API's 512-token floor) "
+        f"| share | s/step without it | / `grpo.py` LoRA's {grpo_lora_per_step:.1f} |",
+        "|---|---|---|---|---|---|",
+    ]
+    without = []
+    for run in sorted(runs, key=lambda r: r["seed"]):
+        profiled = run.get("step_profile") or {}
+        total = (profiled.get("client") or {}).get("total")
+        past = ((profiled.get("service") or {}).get(f"decode past token {cap}") or {}).get("seconds")
+        if total is None or past is None:
+            continue
+        without.append(total - past)
+        lines.append(
+            f"| {run['seed']} | {total:.1f} | {past:.1f} | {past / total:.0%} | {total - past:.1f} "
+            f"| {(total - past) / grpo_lora_per_step:.2f} |"
+        )
+    if without:
+        lines.append(
+            f"| median | | | | {statistics.median(without):.1f} | {statistics.median(without) / grpo_lora_per_step:.2f} |"
+        )
+    return lines
 
 
 def write_section(docs: Path, kept: Path = KEPT_RUN) -> bool:
