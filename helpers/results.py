@@ -255,6 +255,10 @@ def rows(figures: dict) -> list[dict]:
                 f"{kind} (training session): held-out {measure}, {held_out.get('problems', '?')} problems x "
                 f"{held_out.get('samples_per_problem', '?')} answer(s)"
             )
+            tool_use = s.get("tool_use") or {}
+            if tool_use.get("before") and tool_use.get("after"):  # 15: whether a gain could come from the tool
+                calls = [tool_use[when].get("tool_calls_per_answer", 0.0) for when in ("before", "after")]
+                what += f"; tool calls per episode {calls[0]:.2f} -> {calls[1]:.2f}"
             unit = "share of answers that pass every test" if measure == "solve rate" else "share of answers right"
             found.append(_paired_row(notebook, what, unit, held_out))
             found += _split_rows(notebook, what, unit, held_out)

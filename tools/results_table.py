@@ -128,11 +128,16 @@ def replace_between_markers(text: str, block: str, begin: str = BEGIN, end: str 
     return text[: start + len(begin)] + "\n" + block + text[stop:]
 
 
-def between_markers(text: str) -> str:
-    start, end = text.find(BEGIN), text.find(END)
-    if start < 0 or end < start:
-        raise ValueError(f"no {BEGIN} ... {END} pair")
-    return text[start + len(BEGIN) : end].lstrip("\n")
+def between_markers(text: str, begin: str = BEGIN, end: str = END) -> str:
+    start, stop = text.find(begin), text.find(end)
+    if start < 0 or stop < start:
+        raise ValueError(f"no {begin} ... {end} pair")
+    return text[start + len(begin) : stop].lstrip("\n")
+
+
+def markers(name: str) -> tuple[str, str]:
+    """The marker comments of a generated block: ``results`` is the README's table."""
+    return f"<!-- {name}:begin -->", f"<!-- {name}:end -->"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -143,7 +148,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--write", type=Path, help="put the table between the marker comments of this file")
     parser.add_argument("--check", type=Path, help="exit 1 if this file's table is not the rendering")
+    parser.add_argument(
+        "--markers",
+        default="results",
+        help="the name in the marker comments <!-- NAME:begin --> ... <!-- NAME:end --> (default: %(default)s)",
+    )
     args = parser.parse_args(argv)
+    begin, end = markers(args.markers)
     summary = json.loads(args.summary.read_text())
     if args.keep:
         summary = kept_copy(summary, args.summary)
@@ -151,12 +162,12 @@ def main(argv: list[str] | None = None) -> int:
         args.keep.write_text(json.dumps(summary, indent=1, ensure_ascii=False) + "\n")
     block = render(summary, args.summary)
     if args.check:
-        if between_markers(args.check.read_text()) != block:
+        if between_markers(args.check.read_text(), begin, end) != block:
             print(f"{args.check}: the results table is not the rendering of {args.summary}", file=sys.stderr)
             return 1
         return 0
     if args.write:
-        args.write.write_text(replace_between_markers(args.write.read_text(), block))
+        args.write.write_text(replace_between_markers(args.write.read_text(), block, begin, end))
     else:
         print(block, end="")
     return 0

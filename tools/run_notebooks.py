@@ -246,8 +246,8 @@ SMOLLM2_PARAMETERS = {
         "base_model": "local/smollm2-135m-instruct",
         "lora_rank": 8,
         "lora_alpha": 16,
-        "max_steps": 2,
-        "learning_rate": 1e-4,
+        "max_steps": 3,
+        "learning_rate": 1e-3,
     },
     # Multi-turn RL with the Python tool on a training session, from the base model: a few supervised
     # warm-up steps on demonstrations of the training problems show it the shape of a tool call (the cloud's
@@ -264,7 +264,7 @@ SMOLLM2_PARAMETERS = {
         "context": 1024,
         "learning_rate": 1e-3,
         "format_reward_weight": 0.5,
-        "warmup_steps": 4,
+        "warmup_steps": 8,
         "warmup_learning_rate": 5e-4,
         "held_out_problems": 32,
         "held_out_samples": 1,

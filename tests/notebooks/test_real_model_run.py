@@ -62,9 +62,10 @@ def test_every_job_notebook_ran_on_the_real_model(smollm2_run):
     assert "# Main job summary (smollm2)" in (smollm2_run.out / "summary.md").read_text()
 
 
-def test_sft_loss_on_the_chat_data_falls(smollm2_run):
-    losses = _curve(smollm2_run, "01", "loss")
-    assert len(losses) == PROFILE["01"]["max_steps"]
+@pytest.mark.parametrize("prefix", ["01", "11"])  # 11 sends 01's job with SDK v3's ModelTrainer
+def test_sft_loss_on_the_chat_data_falls(smollm2_run, prefix):
+    losses = _curve(smollm2_run, prefix, "loss")
+    assert len(losses) == PROFILE[prefix]["max_steps"]
     first, last = _ends(losses)
     assert last < 0.6 * first, losses
 
@@ -205,14 +206,6 @@ def test_job_code_rl_on_the_real_model_raises_the_held_out_solve_rate_beyond_its
     assert held_out["samples_per_example"] == PROFILE["04"]["eval_samples"] and held_out["temperature"] == 1.0
     assert held_out["change"] >= 2 * held_out["change_standard_error"] > 0, held_out
     assert not stats.collapsed(held_out["after_answer_diversity"]), held_out  # not one program for most problems
-
-
-def test_model_trainer_sft_on_the_real_model_lowers_its_loss(smollm2_run):
-    """Notebook 11 sends notebook 01's SFT job with SDK v3's ModelTrainer: the same loss falls."""
-    losses = _curve(smollm2_run, "11", "loss")
-    assert len(losses) == PROFILE["11"]["max_steps"]
-    first, last = _ends(losses)
-    assert last < 0.6 * first, losses
 
 
 def test_raw_api_steps_on_the_real_model(smollm2_run):
