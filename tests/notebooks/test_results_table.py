@@ -30,6 +30,14 @@ def test_readme_table_is_the_rendering_of_the_kept_summary():
     )
 
 
+def test_real_model_docs_hold_the_rendering_of_their_kept_summary():
+    """docs/REAL_MODEL_RUN.md's block for notebooks 10, 11 and 15 on SmolLM2, written with ``--markers``."""
+    kept = REPO / "docs" / "runs" / "main-smollm2-10-11-15.json"
+    begin, end = results_table.markers("smollm2-10-11-15")
+    shown = results_table.between_markers((REPO / "docs" / "REAL_MODEL_RUN.md").read_text(), begin, end)
+    assert shown == results_table.render(json.loads(kept.read_text()))
+
+
 def test_readme_gives_the_time_of_the_tables_run():
     seconds = round(json.loads(KEPT.read_text())["seconds"])
     assert f"| `make main` | {seconds} s in the run of the table below |" in README.read_text(), (
