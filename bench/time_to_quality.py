@@ -3,6 +3,8 @@
     python -m bench.time_to_quality                          # SmolLM2-135M-Instruct, every side, 1 seed
     python -m bench.time_to_quality --seeds 3 --sides grpo_full trl_lora
     python -m bench.time_to_quality --model tiny --max-steps 2   # every side's code on tiny shapes
+    python -m bench.time_to_quality --seeds 3 --lanes 2          # the docs' run: two runs at a time, 2 cores
+    python -m bench.time_to_quality --write-docs docs/BENCHMARKS.md   # its tables, from the kept run
 
 The rule, as MLPerf Training states it: a fixed quality target, a fixed evaluation cadence, and per
 run the steps and the wall time until the target is reached (or a cap on steps). Here:
