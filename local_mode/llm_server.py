@@ -149,6 +149,9 @@ if __name__ == "__main__":
     from local_mode.tiny_model import tiny_model_dir
 
     folder = sys.argv[1] if len(sys.argv) > 1 else tiny_model_dir()
+    # The server runs in a session of its own, so a SIGTERM to this process's group does not reach it:
+    # leave through serve()'s stop instead of dying at once, which left it running (notebook 14's judge).
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     with serve(folder) as running:
         print(f"OPENAI_BASE_URL={running.base_url}  model={running.model}  (Ctrl-C stops it)", flush=True)
         with contextlib.suppress(KeyboardInterrupt):
