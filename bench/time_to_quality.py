@@ -57,7 +57,7 @@ import time
 from pathlib import Path
 
 from bench.fixtures import BENCH_OUTPUT, REPO_ROOT, SCRIPTS_DIR
-from bench.tables import Row, format_table, machine_description, peak_rss_mib
+from bench.tables import Row, format_table, machine_description, median, peak_rss_mib
 from local_mode import environment_python
 
 SIDES = ("grpo_full", "grpo_lora", "session_lora", "trl_lora")
@@ -747,10 +747,6 @@ def _side_of(row: dict) -> str:
     return next(side for side, title in SIDE_NAMES.items() if title == name)
 
 
-def _median(values: list[float]) -> float | None:
-    return statistics.median(values) if values else None
-
-
 def render_section(kept: dict) -> str:
     """The time-to-quality tables of docs/BENCHMARKS.md from a kept run's JSON (``--out``'s ``.json``): every
     run's curve and clock, then each side's medians against TRL's and, per step, against ``grpo.py`` LoRA's."""
@@ -793,9 +789,9 @@ def render_section(kept: dict) -> str:
                 )
                 + " |"
             )
-    per_step = {side: _median([seconds_per_step(run) for run in row["extra"]["runs"]]) for side, row in rows.items()}
+    per_step = {side: median([seconds_per_step(run) for run in row["extra"]["runs"]]) for side, row in rows.items()}
     to_target = {
-        side: _median([run["reached_at"]["seconds"] for run in row["extra"]["runs"] if run["reached_at"]])
+        side: median([run["reached_at"]["seconds"] for run in row["extra"]["runs"] if run["reached_at"]])
         for side, row in rows.items()
     }
     peak = {side: max(run["peak_rss_mib"] for run in row["extra"]["runs"]) for side, row in rows.items()}
