@@ -154,6 +154,19 @@ _HUB_LOADERS = {
 }
 
 
+# Sets the project writes for local mode alone, and what the cloud uses in their place.
+OFFLINE_ONLY = {
+    "arithmetic": "three-digit sums and differences for notebook 15 offline; in the cloud it reads 'gsm8k' "
+    "(openai/gsm8k), whose problems already need exact arithmetic",
+}
+
+
+def data_sets(source: str) -> list[str]:
+    """The data sets notebook 0 stages from ``source``: every set the notebooks read, and offline also the
+    sets that exist offline only (``OFFLINE_ONLY``)."""
+    return [*_HUB_LOADERS, *(OFFLINE_ONLY if source == "offline" else ())]
+
+
 def load(
     name: str,
     source: str,
@@ -171,8 +184,10 @@ def load(
     from datasets import DatasetDict, disable_progress_bars, load_dataset
 
     disable_progress_bars()  # one line per split instead of a bar per step in the notebook
-    if name not in _HUB_LOADERS:
-        raise ValueError(f"Unknown data set {name!r}; choose one of {', '.join(_HUB_LOADERS)}.")
+    if name not in (*_HUB_LOADERS, *OFFLINE_ONLY):
+        raise ValueError(f"Unknown data set {name!r}; choose one of {', '.join((*_HUB_LOADERS, *OFFLINE_ONLY))}.")
+    if source == "hub" and name in OFFLINE_ONLY:
+        raise ValueError(f"Data set {name!r} exists offline only: {OFFLINE_ONLY[name]}")
     if source == "hub":
         return DatasetDict(_HUB_LOADERS[name](n_train, n_test, seed))
     if source != "offline":

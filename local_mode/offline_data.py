@@ -14,7 +14,9 @@ begin to solve after a short SFT, so that GRPO's reward is above zero from its f
 Its held-out split (``split_records``) is half problems of the training templates with other names
 and numbers ("seen": a gain there is recall of a pattern) and half problems of templates the
 training split never uses ("unseen": the same skills in other words; a gain there is transfer).
-The worded multi-step problems (``gsm8k_records``) make the preference pairs, and the SFT
+The arithmetic set (``DATASETS["arithmetic"]``, offline only) asks the easy set's sums and differences
+with three-digit numbers, halved the same way: one step a small model gets wrong in its head and a
+Python tool gets right (notebook 15). The worded multi-step problems (``gsm8k_records``) make the preference pairs, and the SFT
 conversations mix both kinds with short programs for the code problems, so that SFT teaches
 the answer formats the RL notebooks reward (``#### <number>``, one fenced Python block).
 
@@ -203,18 +205,18 @@ def _easy_stated(template: str, rng: random.Random) -> tuple[str, str, list[str]
     return template, question.format(name=name, item=item, count=count), [step.format(count=count, item=item)], count
 
 
-def _easy_more(template: str, rng: random.Random) -> tuple[str, str, list[str], int]:
+def _easy_more(template: str, rng: random.Random, low: int = 1, high: int = 9) -> tuple[str, str, list[str], int]:
     name, item = rng.choice(NAMES), rng.choice(ITEMS)
-    have, more = rng.randint(1, 9), rng.randint(1, 9)
+    have, more = rng.randint(low, high), rng.randint(low, high)
     question, step = _MORE[template]
     figures = {"name": name, "item": item, "have": have, "more": more, "total": have + more}
     return template, question.format(**figures), [step.format(**figures)], have + more
 
 
-def _easy_left(template: str, rng: random.Random) -> tuple[str, str, list[str], int]:
+def _easy_left(template: str, rng: random.Random, low: int = 1, high: int = 9) -> tuple[str, str, list[str], int]:
     name, item = rng.choice(NAMES), rng.choice(ITEMS)
-    have = rng.randint(2, 9)
-    given = rng.randint(1, have - 1)
+    have = rng.randint(low + 1, high)
+    given = rng.randint(low, have - 1)
     question, step = _LEFT[template]
     figures = {"name": name, "item": item, "have": have, "given": given, "left": have - given}
     return template, question.format(**figures), [step.format(**figures)], have - given
@@ -328,19 +330,49 @@ def gsm8k_easy_split(n_train: int, n_test: int, seed: int = 0) -> dict[str, list
     """The offline GSM8K set's splits. ``train``: ``gsm8k_easy_records(n_train, seed)``, seen templates only.
     ``test``: alternately a seen-template problem whose question is not in ``train`` (``"split": "seen"``)
     and a problem of an unseen template (``"split": "unseen"``), so that any even prefix is half and half."""
-    seen = _named_records(EASY_GSM8K_TEMPLATES, seed)
+    return _seen_unseen_split(EASY_GSM8K_TEMPLATES, UNSEEN_EASY_GSM8K_TEMPLATES, n_train, n_test, seed)
+
+
+def _seen_unseen_split(seen_templates, unseen_templates, n_train: int, n_test: int, seed: int) -> dict[str, list[dict]]:
+    seen = _named_records(seen_templates, seed)
     train = list(itertools.islice(seen, n_train))
     trained = {r["question"] for r in train}
     # Each half takes its templates in turn, so the held-out problems have the training split's mix of
-    # skills (half facts, a sixth each stated, added, taken away) however few they are: drawn at random,
-    # 16 seen problems once held 14 facts, and a gain on them said nothing of the sums.
-    new_seen = (r for r in _records_in_turn(EASY_GSM8K_TEMPLATES, seed) if r["question"] not in trained)
-    unseen = _records_in_turn(UNSEEN_EASY_GSM8K_TEMPLATES, seed + UNSEEN_SEED_OFFSET)
+    # skills however few they are: drawn at random, 16 seen problems of the easy set (half facts, a sixth
+    # each stated, added, taken away) once held 14 facts, and a gain on them said nothing of the sums.
+    new_seen = (r for r in _records_in_turn(seen_templates, seed) if r["question"] not in trained)
+    unseen = _records_in_turn(unseen_templates, seed + UNSEEN_SEED_OFFSET)
     test = [
         {**next(new_seen), "split": "seen"} if i % 2 == 0 else {**next(unseen), "split": "unseen"}
         for i in range(n_test)
     ]
     return {"train": train, "test": test}
+
+
+# The offline "arithmetic" set: the easy set's sums and differences with three-digit numbers, in the same
+# wordings (seen: "more", "left"; unseen: their rewordings). One step, but one a 135M model gets wrong in
+# its head and a Python tool gets right: the set on which notebook 15 shows what the tool is worth.
+ARITHMETIC_NUMBERS = (100, 999)
+ARITHMETIC_TEMPLATES = [
+    functools.partial(_easy_more, "more", low=ARITHMETIC_NUMBERS[0], high=ARITHMETIC_NUMBERS[1]),
+    functools.partial(_easy_left, "left", low=ARITHMETIC_NUMBERS[0], high=ARITHMETIC_NUMBERS[1]),
+]
+UNSEEN_ARITHMETIC_TEMPLATES = [
+    functools.partial(_easy_more, "more_reworded", low=ARITHMETIC_NUMBERS[0], high=ARITHMETIC_NUMBERS[1]),
+    functools.partial(_easy_left, "left_reworded", low=ARITHMETIC_NUMBERS[0], high=ARITHMETIC_NUMBERS[1]),
+]
+
+
+def arithmetic_split(n_train: int, n_test: int, seed: int = 0) -> dict[str, list[dict]]:
+    """The offline arithmetic set's splits (GSM8K's format, a ``template`` per record), halved as
+    ``gsm8k_easy_split`` halves the easy set: ``train`` of the seen templates, ``test`` alternately seen
+    (a question not in ``train``) and unseen."""
+    return _seen_unseen_split(ARITHMETIC_TEMPLATES, UNSEEN_ARITHMETIC_TEMPLATES, n_train, n_test, seed)
+
+
+def arithmetic_records(n: int, seed: int = 0) -> list[dict]:
+    """``n`` records of the arithmetic set's seen templates (its training split's problems)."""
+    return list(itertools.islice(_named_records(ARITHMETIC_TEMPLATES, seed), n))
 
 
 def gsm8k_final_number(answer: str) -> str:
@@ -713,15 +745,18 @@ DATASETS = {
     "chat": chat_records,
     "code": code_problem_records,
     "functions": function_problem_records,
+    "arithmetic": arithmetic_records,
 }
 
 
 def split_records(name: str, n_train: int, n_test: int, seed: int = 0) -> dict[str, list[dict]]:
-    """Data set ``name``'s ``train`` and ``test`` records: for ``gsm8k``, ``gsm8k_easy_split`` (a test split
-    half of seen templates, half of unseen ones); for the others, the first ``n_train`` records and the
+    """Data set ``name``'s ``train`` and ``test`` records: for ``gsm8k`` and ``arithmetic``, ``gsm8k_easy_split``
+    and ``arithmetic_split`` (a test split half of seen templates, half of unseen ones); for the others, the first ``n_train`` records and the
     ``n_test`` after them."""
     if name == "gsm8k":
         return gsm8k_easy_split(n_train, n_test, seed)
+    if name == "arithmetic":
+        return arithmetic_split(n_train, n_test, seed)
     records = DATASETS[name](n_train + n_test, seed=seed)
     return {"train": records[:n_train], "test": records[n_train:]}
 

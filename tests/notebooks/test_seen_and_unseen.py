@@ -15,6 +15,7 @@ from local_mode import offline_data
 
 SPLITS = {
     "gsm8k": lambda n_train, n_test, seed: offline_data.split_records("gsm8k", n_train, n_test, seed),
+    "arithmetic": lambda n_train, n_test, seed: offline_data.split_records("arithmetic", n_train, n_test, seed),
     "count": offline_data.count_problem_split,
 }
 
@@ -52,6 +53,33 @@ def test_the_unseen_templates_are_the_seen_skills_in_other_words():
     assert unseen == {f"{template}_reworded" for template in seen}
     questions = {r["template"]: r["question"] for r in test}
     assert " more" not in questions["more_reworded"] and "left" not in questions["left_reworded"]
+
+
+def test_the_arithmetic_set_asks_the_easy_sums_with_three_digit_numbers():
+    # notebook 15's offline set: the easy set's "more" and "left" wordings, seen and reworded, with numbers
+    # a small model cannot add in its head; every reference is the exact sum or difference
+    split = offline_data.split_records("arithmetic", 64, 400, 0)
+    assert {r["template"] for r in split["train"]} == {"more", "left"}
+    assert {r["template"] for r in split["test"] if r["split"] == "unseen"} == {"more_reworded", "left_reworded"}
+    for record in split["train"] + split["test"]:
+        calculation = record["answer"].split("<<")[1].split("=")[0]
+        first, second = map(int, calculation.replace("-", "+").split("+"))
+        assert 100 <= min(first, second) and max(first, second) <= 999
+        assert f"{first}" in record["question"] and f"{second}" in record["question"]
+        answer = first - second if "-" in calculation else first + second
+        assert ("-" in calculation) == record["template"].startswith("left") and answer > 0
+        assert offline_data.gsm8k_final_number(record["answer"]) == str(answer)
+    wordings = {template: question for template, (question, _) in {**offline_data._MORE, **offline_data._LEFT}.items()}
+    assert split["test"][1]["question"].split()[-3:] == wordings[split["test"][1]["template"]].split()[-3:]
+
+
+def test_the_arithmetic_set_is_offline_only_and_notebook_0_stages_it_offline():
+    from helpers import data_prep
+
+    assert "arithmetic" in data_prep.data_sets("offline") and "arithmetic" not in data_prep.data_sets("hub")
+    assert set(data_prep.data_sets("hub")) == {"gsm8k", "preferences", "chat", "code", "functions"}
+    with pytest.raises(ValueError, match="offline only.*'gsm8k'"):
+        data_prep.load("arithmetic", "hub")
 
 
 def test_the_local_base_models_and_sft_data_see_only_seen_templates():
