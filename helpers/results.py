@@ -259,6 +259,9 @@ def rows(figures: dict) -> list[dict]:
             if tool_use.get("before") and tool_use.get("after"):  # 15: whether a gain could come from the tool
                 calls = [tool_use[when].get("tool_calls_per_answer", 0.0) for when in ("before", "after")]
                 what += f"; tool calls per episode {calls[0]:.2f} -> {calls[1]:.2f}"
+                without = s.get("without_tool") or {}
+                if "accuracy" in without:  # what the tool is worth: the same problems, before training, no tool
+                    what += f"; without the tool, before: {without['accuracy']:.3f} ± {without['standard_error']:.3f}"
             unit = "share of answers that pass every test" if measure == "solve rate" else "share of answers right"
             found.append(_paired_row(notebook, what, unit, held_out))
             found += _split_rows(notebook, what, unit, held_out)

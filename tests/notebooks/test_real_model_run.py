@@ -219,16 +219,26 @@ def test_raw_api_steps_on_the_real_model(smollm2_run):
     assert f"LastReceivedSequenceNumber {2 * steps}" in text and "\nTrue\n" in text
 
 
-def test_tool_rl_on_the_real_model_learns_to_call_the_tool(smollm2_run):
-    """Notebook 15 on SmolLM2, after the profile's 8 warm-up steps on demonstrations. Measured on 6 December
-    (two runs, the same figures): tool calls per held-out episode 0.09 -> 0.38, none failed; held-out accuracy
-    with the tool 0.72 -> 0.78 (+0.7 s.e.: not a gain, which tests/notebooks/test_tool_rl_notebook.py asks of
-    the tiny model's run); without the tool 0.59 before training."""
+def test_tool_rl_on_the_real_model_gains_with_the_tool(smollm2_run):
+    """Notebook 15 on SmolLM2 and the offline arithmetic set (three-digit sums and differences), after the
+    profile's 4 warm-up steps on demonstrations. Measured on 6 December (32 problems x 2 episodes at
+    temperature 1, 8 RL steps), in two runs of the same settings: tool calls per held-out episode 0.31 ->
+    1.73 and 1.61; held-out accuracy with the tool 0.05 -> 0.77 (+0.72 +- 0.07) and 0.91 (+0.86 +- 0.05), the
+    unseen wordings +0.84 +- 0.09 and +0.88 +- 0.06; without the tool 0.00."""
     (record,) = [s for s in smollm2_run.summary["training_sessions"] if s["notebook"].startswith("15")]
     assert record["status"] == "Stopped" and record["steps"] == PROFILE["15"]["max_steps"]
     before, after = record["tool_use"]["before"], record["tool_use"]["after"]
-    assert after["tool_calls_per_answer"] >= before["tool_calls_per_answer"] + 0.15, record["tool_use"]
+    assert after["tool_calls_per_answer"] >= before["tool_calls_per_answer"] + 0.3, record["tool_use"]
     assert after["tool_errors_per_answer"] <= 0.1 and after["final_format"] >= 0.9, after
     held_out = record["held_out"]
-    assert held_out["after"] >= held_out["before"] - held_out["change_standard_error"], held_out  # no loss beyond noise
-    assert not stats.collapsed(held_out["after_answer_diversity"]), held_out
+    assert held_out["samples_per_problem"] == PROFILE["15"]["held_out_samples"]
+    # the gain, by the workshop's rule (beyond two standard errors, not collapsed), with room: measured 9.7 s.e.
+    assert held_out["change"] >= 4 * held_out["change_standard_error"], held_out
+    assert stats.counts_as_gain(
+        held_out["change"], held_out["change_standard_error"], held_out["after_answer_diversity"]
+    )
+    unseen = held_out["splits"]["unseen"]  # transfer to wordings no training problem used: measured 9.6 s.e.
+    assert stats.counts_as_gain(unseen["change"], unseen["change_standard_error"], unseen["after_answer_diversity"])
+    # what the tool is worth: the same problems without it, before training, against with it after
+    without = record["without_tool"]
+    assert held_out["after"] - without["accuracy"] >= 2 * (held_out["after_standard_error"] + without["standard_error"])

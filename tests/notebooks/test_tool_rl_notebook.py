@@ -1,6 +1,8 @@
-"""Notebook 15 (multi-turn RL with a Python tool) on a finished run: its held-out accuracy with the tool
-after training against before, paired, must count as a gain by the workshop's rule (beyond two standard
-errors, answers not collapsed into one), and the tool must have been used (opt-in: ``-m slow``).
+"""Notebook 15 (multi-turn RL with a Python tool) end to end on the tiny model: the trained model uses the
+tool, and the functions task runs with the code judge (opt-in: ``-m slow``). The held-out gain beyond two
+standard errors is the default model's to show, on the arithmetic set where the tool decides:
+``tests/notebooks/test_real_model_run.py::test_tool_rl_on_the_real_model_gains_with_the_tool``. The tiny
+model, format-tuned on single-digit problems, has no gain there to show.
 
 With ``TOOL_RL_RUN=<work_dir>`` the test reads the record a finished run left there
 (``<work_dir>/training_sessions.json``); without it, it runs notebooks 00 and 15 with their CI parameters
@@ -14,7 +16,6 @@ import os
 from pathlib import Path
 
 import pytest
-from common import stats
 
 from tools import run_notebooks, training_session_notebooks
 
@@ -66,14 +67,6 @@ def record(tmp_path_factory) -> dict:
     if os.environ.get("TOOL_RL_RUN"):
         return read_record(Path(os.environ["TOOL_RL_RUN"]).resolve())
     return run_00_and_15(tmp_path_factory.mktemp("tool-rl"), CI_PARAMETERS)
-
-
-def test_the_held_out_accuracy_with_the_tool_rises_beyond_two_standard_errors(record):
-    held_out = record["held_out"]
-    assert held_out["problems"] == CI_PARAMETERS["held_out_problems"] or os.environ.get("TOOL_RL_RUN")
-    assert stats.counts_as_gain(
-        held_out["change"], held_out["change_standard_error"], held_out["after_answer_diversity"]
-    ), held_out
 
 
 def test_the_trained_model_uses_the_tool(record):

@@ -176,3 +176,19 @@ def test_notebook_15s_tool_use_and_its_answers_without_the_tool_are_in_its_lines
     assert lines[0].startswith("held out, per episode: tool calls 0.275 -> 0.500, failed tool calls 0.010 -> 0.010")
     assert lines[1] == "without the tool, before training: held-out accuracy 0.408 ± 0.065"
     assert records.notebook_lines({}) == []  # a notebook that keeps none of these fields adds no line
+
+
+def test_notebook_15s_results_row_says_how_often_the_tool_was_called_and_what_it_was_worth():
+    # a rise with no tool call is not the tool's doing, and the figure without the tool says what it adds
+    held_out = {"before": 0.1, "after": 0.8, "change": 0.7, "change_standard_error": 0.05, "problems": 32,
+                "samples_per_problem": 2}  # fmt: skip
+    session = {
+        "notebook": "15_training_session_tool_rl",
+        "held_out": held_out,
+        "tool_use": {"before": {"tool_calls_per_answer": 0.25}, "after": {"tool_calls_per_answer": 0.99}},
+        "without_tool": {"accuracy": 0.0, "standard_error": 0.0},
+    }
+    (row,) = results.rows({"training_sessions": [session]})
+    assert row["what"].endswith("tool calls per episode 0.25 -> 0.99; without the tool, before: 0.000 ± 0.000")
+    (row,) = results.rows({"training_sessions": [{**session, "without_tool": {}}]})
+    assert row["what"].endswith("tool calls per episode 0.25 -> 0.99")
