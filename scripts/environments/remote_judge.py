@@ -90,9 +90,14 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_response(status)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-        self.wfile.flush()
+        try:
+            self.end_headers()
+            self.wfile.write(data)
+            self.wfile.flush()
+        except (BrokenPipeError, ConnectionResetError):
+            # the learner hung up first (its verdict_timeout passed, and it resent the chunk elsewhere):
+            # nobody is left to answer, which is no error of this service's
+            log.info("the learner hung up before its answer (%s %s)", self.command, self.path)
 
     def do_GET(self):  # noqa: N802 - http.server's name
         self.server.last_contact = time.monotonic()

@@ -8,8 +8,10 @@ judge services with an echoing judge (no sandbox), so failover is checked in sec
 - no judge left: a UserError; and the cluster options of ``code_rl.py`` refuse bad values.
 """
 
+import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -67,6 +69,18 @@ def test_a_failing_or_silent_judge_has_its_chunk_resent():
     assert {r["judge"] for r in results} == {"good"}
     assert time.monotonic() - started < 2.5  # the silent judge cost one timeout, not its sleep
     assert [str(j) for j in judges.live] == [f"127.0.0.1:{addresses[2][1]}"]
+
+
+def test_a_learner_that_hangs_up_before_its_verdicts_leaves_no_traceback(capfd):
+    # what a learner's verdict_timeout does to a slow judge: the judge answers a closed connection
+    address = start_judge("slow", lambda _: time.sleep(1))
+    body = json.dumps({"items": [[{"tests": []}, "p0"]], "reward_mode": "fraction"}).encode()
+    with socket.create_connection(address) as connection:
+        connection.sendall(b"POST /judge HTTP/1.1\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
+    time.sleep(2)  # the judge has answered by now, to nobody
+    assert "Traceback" not in capfd.readouterr().err
+    judges = remote_judge.RemoteJudges([address], verdict_timeout=10)  # and it still judges
+    assert [r["program"] for r in judges(items(2), "fraction")] == ["p0", "p1"]
 
 
 def test_no_judge_left_is_a_user_error():
