@@ -16,8 +16,8 @@ and numbers ("seen": a gain there is recall of a pattern) and half problems of t
 training split never uses ("unseen": the same skills in other words; a gain there is transfer).
 The arithmetic set (``DATASETS["arithmetic"]``, offline only) asks the easy set's sums and differences
 with three-digit numbers, halved the same way: one step a small model gets wrong in its head and a
-Python tool gets right (notebook 15). The worded multi-step problems (``gsm8k_records``) make the preference pairs, and the SFT
-conversations mix both kinds with short programs for the code problems, so that SFT teaches
+Python tool gets right (notebook 15). The worded multi-step problems (``gsm8k_records``) make the
+preference pairs, and the SFT conversations mix both kinds with short programs for the code problems, so that SFT teaches
 the answer formats the RL notebooks reward (``#### <number>``, one fenced Python block).
 
 Formats:
@@ -352,14 +352,14 @@ def _seen_unseen_split(seen_templates, unseen_templates, n_train: int, n_test: i
 # The offline "arithmetic" set: the easy set's sums and differences with three-digit numbers, in the same
 # wordings (seen: "more", "left"; unseen: their rewordings). One step, but one a 135M model gets wrong in
 # its head and a Python tool gets right: the set on which notebook 15 shows what the tool is worth.
-ARITHMETIC_NUMBERS = (100, 999)
+THREE_DIGITS = {"low": 100, "high": 999}
 ARITHMETIC_TEMPLATES = [
-    functools.partial(_easy_more, "more", low=ARITHMETIC_NUMBERS[0], high=ARITHMETIC_NUMBERS[1]),
-    functools.partial(_easy_left, "left", low=ARITHMETIC_NUMBERS[0], high=ARITHMETIC_NUMBERS[1]),
+    functools.partial(_easy_more, "more", **THREE_DIGITS),
+    functools.partial(_easy_left, "left", **THREE_DIGITS),
 ]
 UNSEEN_ARITHMETIC_TEMPLATES = [
-    functools.partial(_easy_more, "more_reworded", low=ARITHMETIC_NUMBERS[0], high=ARITHMETIC_NUMBERS[1]),
-    functools.partial(_easy_left, "left_reworded", low=ARITHMETIC_NUMBERS[0], high=ARITHMETIC_NUMBERS[1]),
+    functools.partial(_easy_more, "more_reworded", **THREE_DIGITS),
+    functools.partial(_easy_left, "left_reworded", **THREE_DIGITS),
 ]
 
 
@@ -749,14 +749,16 @@ DATASETS = {
 }
 
 
+# The sets whose test split is half problems of the training templates, half of unseen ones.
+HALVED_SPLITS = {"gsm8k": gsm8k_easy_split, "arithmetic": arithmetic_split}
+
+
 def split_records(name: str, n_train: int, n_test: int, seed: int = 0) -> dict[str, list[dict]]:
-    """Data set ``name``'s ``train`` and ``test`` records: for ``gsm8k`` and ``arithmetic``, ``gsm8k_easy_split``
-    and ``arithmetic_split`` (a test split half of seen templates, half of unseen ones); for the others, the first ``n_train`` records and the
-    ``n_test`` after them."""
-    if name == "gsm8k":
-        return gsm8k_easy_split(n_train, n_test, seed)
-    if name == "arithmetic":
-        return arithmetic_split(n_train, n_test, seed)
+    """Data set ``name``'s ``train`` and ``test`` records: for the sets of ``HALVED_SPLITS``, their own
+    split (a test split half of seen templates, half of unseen ones); for the others, the first
+    ``n_train`` records and the ``n_test`` after them."""
+    if name in HALVED_SPLITS:
+        return HALVED_SPLITS[name](n_train, n_test, seed)
     records = DATASETS[name](n_train + n_test, seed=seed)
     return {"train": records[:n_train], "test": records[n_train:]}
 
