@@ -246,6 +246,7 @@ class Engine:
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
         self.stop_ids = default_stop_ids(self.model, self.tokenizer)
         self.sampling = SamplingQueue(self)
+        self.scoring = ScoringQueue(self)
         self.merged_sampler: tuple[dict, torch.nn.Module] | None = None  # (saved adapter, merged copy)
         self.merges = 0
 
@@ -444,11 +445,12 @@ class Engine:
         return sampler
 
     def compute_logprobs(self, tokens: list[int], adapter=OWN_ADAPTER) -> list[float | None]:
-        with self.weights(adapter), torch.no_grad():
-            if len(tokens) == 1:
-                return [None]
-            (lp,) = self._logprobs([tokens[:-1]], [torch.tensor(tokens[1:])])
-            return [None] + lp.tolist()
+        """log p(token | the tokens before it) of every token but the first (None: nothing predicts it),
+        with the weights ``adapter`` names, in a forward pass shared with the other scoring requests in
+        flight on this engine (``ScoringQueue``). Blocks until its pass has run."""
+        if len(tokens) == 1:
+            return [None]
+        return [None] + self.scoring.submit(list(tokens), adapter)
 
     def sample(self, prompt: list[int], num_samples: int, params: dict, adapter=OWN_ADAPTER) -> list[dict]:
         """``num_samples`` samples of ``prompt`` with the weights ``adapter`` names (see ``weights``),
@@ -546,32 +548,45 @@ def shared_prompt_prefill(model):
         del target.forward  # the class's forward again
 
 
-class SamplingQueue:
-    """Sample requests in flight on one engine, served in shared generation passes.
+class PassQueue:
+    """Requests in flight on one engine, served in shared passes of the model.
 
-    A loop sends a step's groups at once, one request per problem. Each caller waits on its own
-    future; one worker thread at a time takes every request waiting for the same weights (up to
-    ``MAX_SAMPLE_ROWS`` samples), runs them as one batched pass (``common.generation.sample_requests``:
-    each request keeps its own settings and seed, and finished samples leave the batch as the others go
-    on), and answers each. Requests that arrive while a pass runs, or while the model runs a training
-    operation, join the next pass."""
+    A loop sends a step's requests at once (one sample request per problem, one scoring request per
+    answer). Each caller waits on its own future; one worker thread at a time takes every request waiting
+    for the same weights (up to ``max_rows`` rows), runs them as one pass (``_run``), and answers each.
+    Requests that arrive while a pass runs, or while the model runs a training operation, join the next
+    pass. Subclasses say what a pass is, which model it runs on and how many rows a request takes."""
+
+    name = "passes"  # the worker thread's name
+    max_rows = MAX_SAMPLE_ROWS
 
     def __init__(self, engine: Engine):
         self.engine = engine
         self.cond = threading.Condition()
-        self.pending: list[tuple[SampleRequest, object, Future]] = []
+        self.pending: list[tuple[object, object, Future]] = []
         self.last_arrival = 0.0
         self.worker: threading.Thread | None = None
-        self.passes = 0  # generation passes run: N requests in flight should take far fewer than N
+        self.passes = 0  # passes run: N requests in flight should take far fewer than N
 
-    def submit(self, request: SampleRequest, adapter) -> list:
+    def rows(self, request) -> int:
+        return 1
+
+    def model_for(self, adapter):
+        """The context a pass on ``adapter``'s weights runs in, under the engine's lock: yields the model."""
+        raise NotImplementedError
+
+    def _run(self, model, batch: list[tuple[object, object, Future]]) -> list:
+        """One pass of ``batch`` on ``model``: each request's answer, in order."""
+        raise NotImplementedError
+
+    def submit(self, request, adapter):
         future = Future()
         with self.cond:
             self.pending.append((request, adapter, future))
             self.last_arrival = time.monotonic()
             self.cond.notify_all()
             if self.worker is None:
-                self.worker = threading.Thread(target=self._serve, name="sampling-passes", daemon=True)
+                self.worker = threading.Thread(target=self._serve, name=self.name, daemon=True)
                 self.worker.start()
         return future.result()
 
@@ -588,7 +603,7 @@ class SamplingQueue:
                 try:
                     # A new saved adapter is merged before the pass's requests are taken: those that
                     # arrive while it merges join this pass rather than wait for the next one.
-                    with self.engine.sampling_model(adapter) as model:
+                    with self.model_for(adapter) as model:
                         with self.cond:
                             self._wait_for_quiet()
                             batch = self._take()
@@ -609,19 +624,33 @@ class SamplingQueue:
         while (quiet := time.monotonic() - self.last_arrival) < GATHER_SECONDS:
             self.cond.wait(GATHER_SECONDS - quiet)
 
-    def _take(self) -> list[tuple[SampleRequest, object, Future]]:
-        """The first waiting request and those after it on the same weights, up to MAX_SAMPLE_ROWS."""
+    def _take(self) -> list[tuple[object, object, Future]]:
+        """The first waiting request and those after it on the same weights, up to ``max_rows`` rows."""
         adapter = self.pending[0][1]
         batch, rest, rows = [], [], 0
         for entry in self.pending:
-            fits = not batch or rows + entry[0].num_samples <= MAX_SAMPLE_ROWS
+            fits = not batch or rows + self.rows(entry[0]) <= self.max_rows
             if entry[1] is adapter and fits:
                 batch.append(entry)
-                rows += entry[0].num_samples
+                rows += self.rows(entry[0])
             else:
                 rest.append(entry)
         self.pending = rest
         return batch
+
+
+class SamplingQueue(PassQueue):
+    """Sample requests in flight on one engine, served in shared generation passes of at most
+    ``MAX_SAMPLE_ROWS`` samples (``common.generation.sample_requests``: each request keeps its own settings
+    and seed, and finished samples leave the batch as the others go on)."""
+
+    name = "sampling-passes"
+
+    def rows(self, request: SampleRequest) -> int:
+        return request.num_samples
+
+    def model_for(self, adapter):
+        return self.engine.sampling_model(adapter)
 
     def _run(self, model, batch: list[tuple[SampleRequest, object, Future]]) -> list[list]:
         """One generation pass of ``batch`` on ``model``: each request's samples, in order."""
@@ -632,4 +661,33 @@ class SamplingQueue:
                 answers = sample_requests(model, self.engine.tokenizer, requests, self.engine.stop_ids)
         self.passes += 1
         return_freed_memory()  # the pass's KV cache
+        return answers
+
+
+class ScoringQueue(PassQueue):
+    """``compute_logprobs`` requests in flight on one engine, scored together: a distillation step scores
+    each of its answers with the teacher in a request of its own, and one padded forward pass over many
+    of them costs a fraction of as many passes of one. The pass runs in fp32 with the LoRA layers, as a
+    request alone does (a row's log-probs do not depend on the rows beside it in fp32), split into
+    ``micro_batches`` of like length so that its activations stay bounded."""
+
+    name = "scoring-passes"
+
+    @contextlib.contextmanager
+    def model_for(self, adapter):
+        with self.engine.weights(adapter), torch.no_grad():
+            yield self.engine.model
+
+    def _run(self, model, batch: list[tuple[list[int], object, Future]]) -> list[list[float]]:
+        sequences = [tokens for tokens, _, _ in batch]
+        answers: list[list[float]] = [[] for _ in sequences]
+        order = sorted(range(len(sequences)), key=lambda index: len(sequences[index]))
+        with phase("score_pass", requests=len(batch), tokens=sum(map(len, sequences))):
+            parsed = [(sequences[index][:-1], index) for index in order]
+            for part in micro_batches(parsed):
+                rows = [tokens for tokens, _ in part]
+                targets = [torch.tensor(sequences[index][1:]) for _, index in part]
+                for (_, index), logprobs in zip(part, self.engine._logprobs(rows, targets), strict=True):
+                    answers[index] = logprobs.tolist()
+        self.passes += 1
         return answers

@@ -5,7 +5,7 @@ an operation appends one JSON line to that file: ``{"phase": ..., "seconds": ...
 what the phase counted (rows, tokens). Without it, ``phase`` costs one check of a module constant.
 The phases: ``http:<Operation>`` (a request read, checked and answered, long-polls excluded),
 ``operation:<kind>`` (an operation run, on the session's thread), ``merge``, ``prefill``, ``decode``,
-``sample_pass``, ``fb_forward``, ``fb_backward``, ``fb_outputs``, ``optim_step``, ``save_adapter``,
+``sample_pass``, ``score_pass``, ``fb_forward``, ``fb_backward``, ``fb_outputs``, ``optim_step``, ``save_adapter``,
 ``save_s3``, ``load_adapter``.
 """
 

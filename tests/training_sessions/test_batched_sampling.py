@@ -267,3 +267,36 @@ def test_requests_that_arrive_while_a_saved_adapter_merges_join_its_pass(session
         answers = [first.result(), *(future.result() for future in later)]
     assert session_engine.sampling.passes - passes == 1
     assert all(len(samples) == 2 for samples in answers)
+
+
+def test_scoring_requests_in_flight_share_one_pass_and_score_as_alone(session_engine):
+    """compute_logprobs requests in flight (a distillation step scores every answer with its teacher)
+    run as one padded forward pass, and each sequence gets the log-probs it gets alone, with the engine's
+    own adapter and with a saved one swapped in."""
+    from peft import get_peft_model_state_dict
+
+    saved = {name: tensor.clone() * 0.5 for name, tensor in get_peft_model_state_dict(session_engine.model).items()}
+    sequences = [[5 + i % 7] * (2 + 3 * i) + [9, 10, 11] for i in range(10)]  # lengths 5 to 32: padded rows
+    for adapter in (engine_module.OWN_ADAPTER, saved):
+        alone = [session_engine.compute_logprobs(tokens, adapter) for tokens in sequences]
+        answers = [None] * len(sequences)
+
+        def score(index, adapter=adapter, answers=answers):
+            answers[index] = session_engine.compute_logprobs(sequences[index], adapter)
+
+        threads = [threading.Thread(target=score, args=(i,)) for i in range(len(sequences))]
+        passes = session_engine.scoring.passes
+        with session_engine.lock:  # the model busy: every request waits for the same pass
+            for thread in threads:
+                thread.start()
+            deadline = time.monotonic() + 30
+            while len(session_engine.scoring.pending) < len(sequences) and time.monotonic() < deadline:
+                time.sleep(0.01)
+            assert len(session_engine.scoring.pending) == len(sequences)
+        for thread in threads:
+            thread.join(timeout=120)
+        assert session_engine.scoring.passes - passes == 1
+        for together, by_itself in zip(answers, alone, strict=True):
+            assert together[0] is None and by_itself[0] is None
+            torch.testing.assert_close(torch.tensor(together[1:]), torch.tensor(by_itself[1:]), rtol=1e-5, atol=1e-5)
+    assert session_engine.compute_logprobs([5]) == [None]  # one token: nothing predicts it, no pass
