@@ -249,7 +249,8 @@ def rows(figures: dict) -> list[dict]:
             )
         held_out = s.get("held_out")
         if held_out:
-            kind = {"08": "GRPO", "09": "code RL", "15": "tool RL", "16": "distillation"}.get(notebook, "RL")
+            kind = {"08": "GRPO", "09": "code RL", "14": "08's model served", "15": "tool RL", "16": "distillation"}
+            kind = kind.get(notebook, "RL")
             measure = held_out.get("measure") or ("solve rate" if notebook == "09" else "accuracy")
             what = (
                 f"{kind} (training session): held-out {measure}, {held_out.get('problems', '?')} problems x "
@@ -282,8 +283,12 @@ def rows(figures: dict) -> list[dict]:
             )
             found.append(_paired_row(notebook, what, "share of pairs", record, answers=False))
     teacher = figures.get("teacher_and_judge") or {}
-    for name, accuracy in (teacher.get("held_out_accuracy") or {}).items():
-        found.append(
+    # paired on the same problems; their seen and unseen templates apart are in the notebook's and the summary's lines
+    for label, record in (teacher.get("held_out_changes") or {}).items():
+        what = f"GSM8K held-out accuracy, {record.get('problems', '?')} problems, greedy: {label}"
+        found.append(_paired_row("13", what, "share of problems answered right", record))
+    for name, accuracy in ({} if teacher.get("held_out_changes") else teacher.get("held_out_accuracy") or {}).items():
+        found.append(  # a run from before the models were paired kept each model's accuracy alone
             _row(
                 "13",
                 f"GSM8K held-out accuracy, {accuracy.get('n', '?')} problems, greedy, after SFT on the {name} answers",

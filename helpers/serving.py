@@ -366,13 +366,6 @@ def greedy_agreement(
     return same
 
 
-def accuracy(env, problems: list[dict], answers: list[str]) -> tuple[float, float]:
-    """Accuracy by the environment's checker, and its standard error over problems."""
-    from common.stats import mean_and_standard_error
-
-    return mean_and_standard_error([float(s["correct"]) for s in env.score(problems, answers)])
-
-
 @dataclass
 class Judge:
     model: str

@@ -6,8 +6,8 @@
   mode's Secrets Manager. The key is never printed.
 - ``read_jsonl_from_s3`` / ``original_conversations``: the problems and their reference solutions as
   SFT conversations, the baseline the teacher's data is compared with.
-- ``greedy_answers`` and ``accuracy_with_error``: held-out answers of a trained model, scored by the
-  GSM8K checker the jobs use, with the standard error of the accuracy.
+- ``greedy_answers``: held-out answers of a model folder, greedy, which
+  ``helpers.training_sessions.grpo.answers_result`` scores with the GSM8K checker the jobs use.
 - ``choice_token_ids``: the ids of "1" and "2" in a model folder's tokenizer, for a pairwise judge that
   answers with one constrained token (``environments.llm_judge.PairwiseJudge``).
 """
@@ -18,7 +18,6 @@ import atexit
 import contextlib
 import dataclasses
 import json
-import math
 import os
 from pathlib import Path
 
@@ -153,13 +152,3 @@ def greedy_answers(model_dir: str | Path, problems: list[dict], max_new_tokens: 
             output = model.generate(**prompt, max_new_tokens=max_new_tokens, do_sample=False)
             answers.append(tokenizer.decode(output[0, prompt["input_ids"].shape[1] :], skip_special_tokens=True))
     return answers
-
-
-def accuracy_with_error(problems: list[dict], answers: list[str]) -> dict[str, float]:
-    """Accuracy by the GSM8K checker and its standard error, sqrt(p (1 - p) / n)."""
-    from environments.gsm8k import GSM8KEnvironment
-
-    scores = GSM8KEnvironment().score(problems, answers)
-    n = len(scores)
-    accuracy = sum(s["correct"] for s in scores) / n
-    return {"accuracy": accuracy, "standard_error": math.sqrt(accuracy * (1 - accuracy) / n), "n": n}

@@ -175,6 +175,16 @@ def evaluate(
     return held_out_result(groups, answers, samples_per_problem)
 
 
+def answers_result(env, problems: list[dict], completions: list[str]) -> dict:
+    """``held_out_result`` of one answer a problem given as text (a served model's replies, greedy answers
+    generated in the kernel), scored by ``env``'s checker: the figures of a session loop's evaluation, so
+    that ``held_out_record`` pairs any two models' answers to the same problems."""
+    scores = env.score(problems, completions)
+    groups = [{"problem": problem, "scores": [score]} for problem, score in zip(problems, scores, strict=True)]
+    answers = [stats.given_answer(c, score) for c, score in zip(completions, scores, strict=True)]
+    return held_out_result(groups, answers, samples_per_problem=1)
+
+
 def held_out_result(groups: list[dict], answers: list[str | None], samples_per_problem: int) -> dict:
     """The held-out figures of scored groups, one group a problem (``score_groups``): accuracy and its
     standard error over problems, ``per_problem`` for the paired change, the format reward,

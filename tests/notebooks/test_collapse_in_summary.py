@@ -137,3 +137,34 @@ def test_a_sessions_held_out_result_is_per_problem_accuracy_over_problems_with_i
     assert result["standard_error"] > 0  # over problems, not over the 8 answers
     assert (result["problems"], result["samples_per_problem"], result["format_reward"]) == (4, 2, 0.25)
     assert stats.collapsed(result["answer_diversity"])  # every answer '2': no gain can be claimed from it
+
+
+def test_notebook_13s_models_are_paired_on_the_same_problems_and_a_collapsed_sft_is_refused():
+    """Notebook 13 scores the base model and both SFT models on the same held-out problems
+    (``grpo.answers_result``) and pairs them (``grpo.held_out_record``): the summary's rows
+    and lines give each change with its paired error, and refuse a collapsed model's rise."""
+    from environments.gsm8k import GSM8KEnvironment
+
+    from helpers import results
+    from helpers.training_sessions.grpo import answers_result, held_out_record
+
+    def scored(problems, answers):
+        return answers_result(GSM8KEnvironment(), problems, answers)
+
+    problems = [{"question": f"problem {i}", "answer": f"#### {2 if i < 6 else 100 + i}"} for i in range(32)]
+    base = scored(problems, [f"#### {50 + i}" for i in range(32)])  # none right, all distinct
+    collapsed = scored(problems, ["#### 2"] * 32)  # the six whose answer is 2
+    diverse = scored(problems, [f"#### {2 if i < 6 else i}" for i in range(32)])
+    assert (base["accuracy"], collapsed["accuracy"], diverse["accuracy"]) == (0.0, 6 / 32, 6 / 32)
+    assert collapsed["answer_diversity"]["most_common_share"] == 1.0 and base["per_problem"] == [0.0] * 32
+    changes = {
+        "the base model -> SFT on the teacher's answers": held_out_record(base, collapsed),
+        "the base model -> SFT on the original answers": held_out_record(base, diverse),
+    }
+    teacher = {"held_out_accuracy": {"base": base}, "held_out_changes": changes}
+    rows = [row for row in results.rows({"teacher_and_judge": teacher}) if row["notebook"] == "13"]
+    assert [row["verdict"] for row in rows] == ["collapsed: not a gain", "gain"]
+    assert "+0.188 ± 0.070" in rows[0]["change"] and "32 problems, greedy: the base model -> SFT" in rows[0]["what"]
+    lines = "\n".join(run_notebooks.render_teacher_and_judge(teacher))
+    assert "the base model -> SFT on the teacher's answers: held-out accuracy 0.000 ± 0.000 -> 0.188 ± 0.070" in lines
+    assert REFUSED in lines and "+2.7 standard errors: a gain" in lines

@@ -434,7 +434,19 @@ def test_teacher_and_judge_notebook_accounts_for_every_request_and_shows_no_key(
     names = ("SFT on the teacher's answers", "the base model")
     # A judge too weak to judge is said to be, and its rate is said to say nothing
     assert ("this win rate says nothing" in text) == (judge_too_weak(judge, rate) is not None)
-    assert set(result["held_out_accuracy"]) == {"synthetic", "original"}
+    # Three models on the same held-out problems, and each comparison paired on them
+    accuracy, changes = result["held_out_accuracy"], result["held_out_changes"]
+    assert set(accuracy) == {"base", "synthetic", "original"}
+    assert {(c["before_model"], c["after_model"]) for c in changes.values()} == {
+        ("base", "synthetic"),
+        ("base", "original"),
+        ("original", "synthetic"),
+    }
+    for change in changes.values():
+        before, after = accuracy[change["before_model"]], accuracy[change["after_model"]]
+        assert (change["before"], change["after"]) == (before["accuracy"], after["accuracy"])
+        assert change["change"] == pytest.approx(after["accuracy"] - before["accuracy"])
+        assert change["after_answer_diversity"]["answers"] == parameters["held_out"]
     summary = (notebook_run.out / "summary.md").read_text()
     assert "## Teacher and judge (notebook 13)" in summary
     assert describe_judge(judge) in summary and describe_win_rate(rate, judge, *names) in summary
@@ -458,6 +470,14 @@ def test_serving_notebook_judges_the_judge_then_each_served_model_against_the_ba
         assert (rate["judged"], rate["failed"], rate["orders"]) == (problems, 0, 2 * problems)
         said = describe_win_rate(rate, judge, f"{label} model", "base model")
         assert said in text and said in summary
+    # the trained model against the base model, paired on the same problems, with each one's answer diversity
+    held_out, accuracy = entry["held_out"], entry["held_out_accuracy"]
+    assert (held_out["before"], held_out["after"]) == (accuracy["base"][0], accuracy["trained"][0])
+    assert held_out["problems"] == problems and held_out["after_answer_diversity"]["answers"] == problems
+    from helpers import results
+
+    row = next(r for r in results.rows(notebook_run.summary) if r["notebook"] == "14")
+    assert row["what"].startswith("08's model served") and "±" in row["change"]  # the summary's row, paired
 
 
 def test_every_direction_the_summary_states_holds(notebook_run):
