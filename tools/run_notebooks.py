@@ -233,9 +233,12 @@ SMOLLM2_PARAMETERS = {
     },
     # On-policy distillation from 08's trained model, against GRPO from the same start with 08's own settings
     # (so the GRPO run repeats the teacher's training); the held-out curves every 2 steps, greedy, on 08's
-    # 32 held-out problems.
+    # 32 held-out problems. 6 steps of each: in the 10-step run of 6 December (2512 s, docs/BENCHMARKS.md)
+    # distillation reached 90 % of the teacher at step 4, and a distillation step cost 88-280 s against
+    # GRPO's 18-161 s: it scores and trains on every answer, GRPO skips the groups that all scored the same.
     "16": {
         **SMOLLM2_GRPO_SESSION,
+        "max_steps": 6,
         "held_out_problems": 32,
         "held_out_samples": 1,
         "held_out_temperature": 0.0,
@@ -296,6 +299,32 @@ SMOLLM2_PARAMETERS = {
 }
 # Notebook 01's job, sent with SDK v3's ModelTrainer: the same SFT job, as in the tiny profile.
 SMOLLM2_PARAMETERS["11"] = SMOLLM2_SFT
+# Notebook 13: notebook 01's SFT model, served by transformers serve, is the teacher and the judge; the two
+# SFT jobs take 01's settings from the base model, on the teacher's right answers and on the originals.
+SMOLLM2_PARAMETERS["13"] = {
+    "max_problems": 32,
+    "samples_per_problem": 2,
+    "teacher_max_tokens": 64,
+    "teacher_temperature": 0.8,
+    "budget_tokens": 200_000,
+    "sft_max_steps": SMOLLM2_SFT["max_steps"],
+    "sft_learning_rate": SMOLLM2_SFT["learning_rate"],
+    "sft_batch_size": SMOLLM2_SFT["batch_size"],
+    "sft_max_length": SMOLLM2_SFT["max_length"],
+    "held_out": 32,
+    "max_new_tokens": 48,
+    "judge_max_tokens": 24,
+    "judge_groups": 2,
+    "group_size": 4,
+}
+# Notebook 14: 08's trained session behind a local endpoint, on 08's held-out problems, one-line answers.
+SMOLLM2_PARAMETERS["14"] = {
+    "task": "gsm8k",
+    "held_out_problems": 32,
+    "max_tokens": 48,
+    "stop": ["\n"],
+    "judge_max_tokens": 24,
+}
 PROFILES = {"tiny": CI_PARAMETERS, "smollm2": SMOLLM2_PARAMETERS}
 # How each profile shares the machine between its lanes. "sessions_first": while both lanes run, the job
 # lane's kernels, and the local-mode jobs they start, run at a lower priority (``nice``) and the session
@@ -893,12 +922,17 @@ def render_teacher_and_judge(result: dict) -> list[str]:
     solutions, the pairwise judge judged, and its win rate of the first against the base model."""
     if not result:
         return []
+    from helpers.training_sessions.records import held_out_lines
+
     lines = ["", "## Teacher and judge (notebook 13)", ""]
-    for name, accuracy in result.get("held_out_accuracy", {}).items():
-        lines.append(
-            f"- SFT on the {name} answers: held-out accuracy {accuracy['accuracy']:.3f} ± "
-            f"{accuracy['standard_error']:.3f} ({accuracy['n']} problems, greedy)"
-        )
+    for label, record in result.get("held_out_changes", {}).items():  # paired: the same problems, greedy
+        lines.append(f"- {label}: " + "; ".join(held_out_lines(record)))
+    if not result.get("held_out_changes"):  # a run from before the models were paired
+        for name, accuracy in result.get("held_out_accuracy", {}).items():
+            lines.append(
+                f"- SFT on the {name} answers: held-out accuracy {accuracy['accuracy']:.3f} ± "
+                f"{accuracy['standard_error']:.3f} ({accuracy['n']} problems, greedy)"
+            )
     rate, judge = result.get("win_rate"), result.get("judge")
     if rate and judge:  # a run from before the judge was judged kept a rate without its figures: not shown
         from environments.llm_judge import describe_judge, describe_win_rate
