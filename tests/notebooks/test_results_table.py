@@ -30,10 +30,12 @@ def test_readme_table_is_the_rendering_of_the_kept_summary():
     )
 
 
-def test_real_model_docs_hold_the_rendering_of_their_kept_summary():
-    """docs/REAL_MODEL_RUN.md's block for notebooks 10, 11 and 15 on SmolLM2, written with ``--markers``."""
-    kept = REPO / "docs" / "runs" / "main-smollm2-10-11-15.json"
-    begin, end = results_table.markers("smollm2-10-11-15")
+@pytest.mark.parametrize("run", ["smollm2-10-11-15", "smollm2-13-14-16"])
+def test_real_model_docs_hold_the_rendering_of_their_kept_summary(run):
+    """docs/REAL_MODEL_RUN.md's blocks of SmolLM2 runs (notebooks 10, 11 and 15; 13, 14 and 16), each written
+    from its kept summary docs/runs/main-<run>.json with ``--markers <run>``."""
+    kept = REPO / "docs" / "runs" / f"main-{run}.json"
+    begin, end = results_table.markers(run)
     shown = results_table.between_markers((REPO / "docs" / "REAL_MODEL_RUN.md").read_text(), begin, end)
     assert shown == results_table.render(json.loads(kept.read_text()))
 
