@@ -4,6 +4,7 @@ seeded request's samples are the same alone, batched with others, or while anoth
 In-process on the engine the endpoint runs (to count its passes and to hold its model busy while
 requests queue), then through the endpoint with raw boto3 for two sessions at once."""
 
+import functools
 import threading
 import time
 import uuid
@@ -26,26 +27,32 @@ def session_engine(tiny_model_path, one_thread):
     return trained_looking_engine(tiny_model_path, seed=1)
 
 
-def in_flight(engine, requests: list[tuple[list[int], int, dict]]) -> tuple[list[list[dict]], int]:
-    """Every request sent at once, from its own thread, while the model is busy (its lock held), so
-    that all are waiting when it frees; their answers and the generation passes they took."""
-    answers = [None] * len(requests)
+def while_busy(engine, queue, calls: list) -> tuple[list, int]:
+    """Every call made at once, from its own thread, while the model is busy (its lock held), so that all
+    are waiting in ``queue`` when it frees; their answers and the passes they took."""
+    answers = [None] * len(calls)
 
-    def send(index, prompt, count, params):
-        answers[index] = engine.sample(prompt, count, params)
+    def send(index, call):
+        answers[index] = call()
 
-    threads = [threading.Thread(target=send, args=(i, *request)) for i, request in enumerate(requests)]
-    passes = engine.sampling.passes
+    threads = [threading.Thread(target=send, args=(i, call)) for i, call in enumerate(calls)]
+    passes = queue.passes
     with engine.lock:
         for thread in threads:
             thread.start()
         deadline = time.monotonic() + 30
-        while len(engine.sampling.pending) < len(requests) and time.monotonic() < deadline:
+        while len(queue.pending) < len(calls) and time.monotonic() < deadline:
             time.sleep(0.01)
-        assert len(engine.sampling.pending) == len(requests)
+        assert len(queue.pending) == len(calls)
     for thread in threads:
         thread.join(timeout=120)
-    return answers, engine.sampling.passes - passes
+    return answers, queue.passes - passes
+
+
+def in_flight(engine, requests: list[tuple[list[int], int, dict]]) -> tuple[list[list[dict]], int]:
+    """Every sample request sent at once while the model is busy: their answers and generation passes."""
+    calls = [functools.partial(engine.sample, prompt, count, params) for prompt, count, params in requests]
+    return while_busy(engine, engine.sampling, calls)
 
 
 def tokens(samples: list[dict]) -> list[list[int]]:
@@ -279,23 +286,9 @@ def test_scoring_requests_in_flight_share_one_pass_and_score_as_alone(session_en
     sequences = [[5 + i % 7] * (2 + 3 * i) + [9, 10, 11] for i in range(10)]  # lengths 5 to 32: padded rows
     for adapter in (engine_module.OWN_ADAPTER, saved):
         alone = [session_engine.compute_logprobs(tokens, adapter) for tokens in sequences]
-        answers = [None] * len(sequences)
-
-        def score(index, adapter=adapter, answers=answers):
-            answers[index] = session_engine.compute_logprobs(sequences[index], adapter)
-
-        threads = [threading.Thread(target=score, args=(i,)) for i in range(len(sequences))]
-        passes = session_engine.scoring.passes
-        with session_engine.lock:  # the model busy: every request waits for the same pass
-            for thread in threads:
-                thread.start()
-            deadline = time.monotonic() + 30
-            while len(session_engine.scoring.pending) < len(sequences) and time.monotonic() < deadline:
-                time.sleep(0.01)
-            assert len(session_engine.scoring.pending) == len(sequences)
-        for thread in threads:
-            thread.join(timeout=120)
-        assert session_engine.scoring.passes - passes == 1
+        calls = [functools.partial(session_engine.compute_logprobs, tokens, adapter) for tokens in sequences]
+        answers, passes = while_busy(session_engine, session_engine.scoring, calls)
+        assert passes == 1
         for together, by_itself in zip(answers, alone, strict=True):
             assert together[0] is None and by_itself[0] is None
             torch.testing.assert_close(torch.tensor(together[1:]), torch.tensor(by_itself[1:]), rtol=1e-5, atol=1e-5)
