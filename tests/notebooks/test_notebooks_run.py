@@ -415,7 +415,7 @@ def test_teacher_and_judge_notebook_accounts_for_every_request_and_shows_no_key(
     nb = nbformat.read(str(notebook_run.out / "notebooks" / "13_teacher_and_judge.ipynb"), as_version=4)
     text = "".join(o.get("text", "") for c in nb.cells if c.cell_type == "code" for o in c.outputs)
     assert '"requests":' in text and '"cached_hits":' in text and "retries" in text  # the teacher job's account
-    assert "held-out accuracy" in text and "+-" in text and "win rate" in text
+    assert "held-out accuracy" in text and "the change's, paired: ±" in text and "win rate" in text
     from environments.llm_judge import describe_judge, describe_win_rate, judge_too_weak
 
     result = notebook_run.state["teacher_and_judge"]
