@@ -19,6 +19,7 @@ where the two differ:
 
 from __future__ import annotations
 
+import abc
 import contextlib
 import copy
 import ctypes
@@ -548,7 +549,7 @@ def shared_prompt_prefill(model):
         del target.forward  # the class's forward again
 
 
-class PassQueue:
+class PassQueue(abc.ABC):
     """Requests in flight on one engine, served in shared passes of the model.
 
     A loop sends a step's requests at once (one sample request per problem, one scoring request per
@@ -571,13 +572,13 @@ class PassQueue:
     def rows(self, request) -> int:
         return 1
 
+    @abc.abstractmethod
     def model_for(self, adapter):
         """The context a pass on ``adapter``'s weights runs in, under the engine's lock: yields the model."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def _run(self, model, batch: list[tuple[object, object, Future]]) -> list:
         """One pass of ``batch`` on ``model``: each request's answer, in order."""
-        raise NotImplementedError
 
     def submit(self, request, adapter):
         future = Future()
