@@ -6,10 +6,12 @@ Layout under ``$SAGEMAKER_LOCAL_ROOT`` (default ``~/.sagemaker-local``)::
     jobs/<job>.json                   DescribeTrainingJob response (times as epoch seconds)
     logs/<job>/<stream>.jsonl         CloudWatch log events, one {"t": ms, "m": text} per line
     metrics/<job>.jsonl               CloudWatch metric points, one {"name","value","t"} per line
-    runs/<job>/                       the /opt/ml tree of every host (kept for inspection)
+    runs/<job>/                       the /opt/ml tree of every host, kept for inspection less what
+                                      the instances lose at the end (model, checkpoints, channels)
 
 Disk is the source of truth for jobs; moto holds S3, Logs and CloudWatch for the SDK inside one
-process and is refilled from disk when local mode starts in a new process.
+process: a new process loads logs and metrics from disk when local mode starts, and each S3 object
+when it is first read.
 """
 
 from __future__ import annotations
@@ -94,6 +96,19 @@ class Storage:
             return  # a folder marker: the folder itself is enough on disk
         _atomic_write(self.s3_path(bucket, key), body)
 
+    def mirror_put_from(self, bucket: str, key: str, write) -> int:
+        """An object written by ``write(file)`` straight to disk (atomically, as ``mirror_put``); its size."""
+        path = self.s3_path(bucket, key)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+        try:
+            with open(tmp, "wb") as file:
+                write(file)
+            os.replace(tmp, path)
+        finally:
+            tmp.unlink(missing_ok=True)
+        return path.stat().st_size
+
     def mirror_delete(self, bucket: str, key: str) -> None:
         path = self.s3_path(bucket, key)
         if path.is_file():
@@ -101,6 +116,15 @@ class Storage:
 
     def mirror_bucket(self, bucket: str) -> None:
         (self.root / "s3" / bucket).mkdir(parents=True, exist_ok=True)
+
+    def s3_keys(self, bucket: str, prefix: str) -> list[str]:
+        """The mirrored keys of ``bucket`` that start with ``prefix``."""
+        base = self.root / "s3" / bucket
+        folder = base / prefix if prefix.endswith("/") or not prefix else (base / prefix).parent
+        if not folder.resolve().is_relative_to((self.root / "s3").resolve()) or not folder.is_dir():
+            return []
+        keys = (p.relative_to(base).as_posix() for p in folder.rglob("*") if p.is_file() and not p.name.startswith("."))
+        return sorted(k for k in keys if k.startswith(prefix))
 
     def s3_objects(self):
         """(bucket, key, path) for every mirrored object."""

@@ -6,14 +6,16 @@ Secrets Manager is moto too: the notebook stores a secret through this process's
 that reads it (an API key, by the secret's name) reaches the same moto over loopback, through a moto
 server this process starts on first need (``job_environment``). Secrets are kept in memory only.
 SageMaker calls never reach moto: the ``before-call.sagemaker`` handler answers every one of them
-first (see api.py). S3 writes are mirrored to disk and everything is restored from disk when
-local mode starts, which is how a later notebook kernel sees what an earlier one left.
+first (see api.py). S3 writes are mirrored to disk, and a later notebook kernel sees what an earlier
+one left from there: logs and metrics loaded when local mode starts, each S3 object when it is first read.
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import os
 import threading
+from pathlib import Path
 
 import boto3
 import botocore.loaders
@@ -26,6 +28,9 @@ FAKE_ACCESS_KEY = "LOCALMODEACCESSKEY"  # never leaves this process: every call 
 LOG_GROUP = "/aws/sagemaker/TrainingJobs"
 METRICS_NAMESPACE = "/aws/sagemaker/TrainingJobs"
 _S3_WRITES = ("PutObject", "CompleteMultipartUpload", "CopyObject")
+# Reads that must see what is on disk: the objects are loaded from there when first read (see _restore).
+_S3_READS = ("GetObject", "HeadObject", "GetObjectAttributes", "ListObjects", "ListObjectsV2", "CopyObject",
+             "UploadPartCopy")
 
 
 def say(text: str) -> None:
@@ -67,6 +72,7 @@ class LocalAWS:
         # The session whose S3 writes are mirrored to disk: the SDK's and the runner's.
         self.botocore_session = _botocore_session(region)
         self.botocore_session.register("before-parameter-build.s3", self._remember_s3_target)
+        self.botocore_session.register("before-parameter-build.s3", self._load_before_read)
         self.botocore_session.register("after-call.s3", self._mirror_s3_write)
         self.session = boto3.Session(botocore_session=self.botocore_session, region_name=region)
         # A session without the mirror: restoring from disk must not write to disk again.
@@ -108,6 +114,23 @@ class LocalAWS:
     def _remember_s3_target(params, context, **kwargs):
         context["local_mode_s3"] = {k: params.get(k) for k in ("Bucket", "Key", "Delete")}
 
+    def _load_before_read(self, params, model, **kwargs):
+        """Before a read, the objects on disk that it may see and that moto lacks (or holds older)."""
+        if model.name not in _S3_READS:
+            return
+        if model.name in ("CopyObject", "UploadPartCopy"):
+            source = params.get("CopySource")
+            if isinstance(source, str):
+                bucket, _, key = source.lstrip("/").partition("/")
+                source = {"Bucket": bucket, "Key": key.split("?versionId=")[0]}
+            if isinstance(source, dict) and source.get("Bucket") and source.get("Key"):
+                self.catch_up(source["Bucket"], source["Key"], exact=True)
+            return
+        if params.get("Key") and params.get("Bucket"):
+            self.catch_up(params["Bucket"], params["Key"], exact=True)
+        elif params.get("Bucket"):
+            self.catch_up(params["Bucket"], params.get("Prefix") or "")
+
     def _mirror_s3_write(self, http_response, model, context, **kwargs):
         target = context.get("local_mode_s3")
         if target is None or http_response.status_code >= 300:
@@ -132,26 +155,62 @@ class LocalAWS:
             client.create_bucket(Bucket=bucket, CreateBucketConfiguration={"LocationConstraint": self.region})
 
     def list_keys(self, bucket: str, prefix: str) -> list[str]:
-        keys = []
-        for page in self.s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
-            keys += [item["Key"] for item in page.get("Contents", [])]
-        return keys
+        """The keys under ``prefix``, on disk and in moto, without loading any object (``link_object`` or a
+        read then takes each one)."""
+        keys = set(self.storage.s3_keys(bucket, prefix))
+        try:
+            for page in self._quiet_s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
+                keys.update(item["Key"] for item in page.get("Contents", []))
+        except self._quiet_s3.exceptions.NoSuchBucket:
+            pass
+        return sorted(keys)
 
-    def catch_up(self, bucket: str, prefix: str) -> int:
-        """Load the objects under ``s3://bucket/prefix`` that another local-mode process wrote to disk
-        after this one restored S3 (a notebook kernel's training job beside the training-session
-        service): on AWS every client sees one S3. Returns how many objects were new or changed here."""
-        base = self.storage.root / "s3" / bucket
-        folder = base / prefix if prefix.endswith("/") or not prefix else (base / prefix).parent
-        if not folder.resolve().is_relative_to((self.storage.root / "s3").resolve()) or not folder.is_dir():
-            return 0
-        on_disk = {
-            path.relative_to(base).as_posix(): path
-            for path in folder.rglob("*")
-            if path.is_file() and not path.name.startswith(".")
-        }
-        on_disk = {key: path for key, path in on_disk.items() if key.startswith(prefix)}
-        if not on_disk:
+    def put_file(self, bucket: str, key: str, write) -> int:
+        """Put an object that ``write(file)`` writes, straight to its copy on disk (a job's archive, which
+        would otherwise be held in memory three times); moto loads it when it is first read, and forgets
+        any older object under the key now. Returns its size."""
+        size = self.storage.mirror_put_from(bucket, key, write)
+        try:
+            self._quiet_s3.delete_object(Bucket=bucket, Key=key)
+        except self._quiet_s3.exceptions.ClientError:  # a bucket moto does not hold yet: nothing to forget
+            pass
+        return size
+
+    def link_object(self, bucket: str, key: str, target: Path, read_only: bool) -> bool:
+        """Lay the object at ``target`` as a hard link to its copy on disk, which is never older than moto's
+        (this process mirrors every write as it is made, other processes write there). False where there is
+        none (an object only a client without the mirror wrote) or links are not possible: download it then.
+
+        An S3 write replaces the disk copy by a rename, so the link keeps the bytes it was given. A write
+        into the file in place would change S3's copy too: ``read_only`` for an input channel, which the
+        scripts only read (SageMaker's instance has its own download); a checkpoint stays writable, and
+        what a job changes there goes to S3 on the next sync anyway."""
+        try:
+            copy = self.storage.s3_path(bucket, key)
+            if not copy.is_file():
+                return False
+            target.parent.mkdir(parents=True, exist_ok=True)
+            os.link(copy, target)
+            if read_only:
+                os.chmod(target, 0o444)
+        except (OSError, ValueError):
+            return False
+        return True
+
+    def catch_up(self, bucket: str, prefix: str, exact: bool = False) -> int:
+        """Load the objects under ``s3://bucket/prefix`` (the one object ``prefix`` names, if ``exact``) that
+        are on disk and that moto lacks or holds at another size: what earlier processes left (loaded when
+        first read, see ``_restore``), and what another local-mode process wrote since (a notebook kernel's
+        training job beside the training-session service): on AWS every client sees one S3. Returns how
+        many objects it loaded."""
+        if exact:
+            try:
+                keys = [prefix] if self.storage.s3_path(bucket, prefix).is_file() else []
+            except ValueError:
+                keys = []
+        else:
+            keys = self.storage.s3_keys(bucket, prefix)
+        if not keys:
             return 0
         here = {}
         try:
@@ -160,10 +219,16 @@ class LocalAWS:
         except self._quiet_s3.exceptions.NoSuchBucket:
             self.create_bucket(bucket, client=self._quiet_s3)
         loaded = 0
-        for key, path in on_disk.items():
-            if here.get(key) != path.stat().st_size:
-                self._quiet_s3.put_object(Bucket=bucket, Key=key, Body=path.read_bytes())
-                loaded += 1
+        for key in keys:
+            path = self.storage.s3_path(bucket, key)
+            try:
+                if here.get(key) == path.stat().st_size:
+                    continue
+                body = path.read_bytes()
+            except FileNotFoundError:  # deleted while we looked
+                continue
+            self._quiet_s3.put_object(Bucket=bucket, Key=key, Body=body)
+            loaded += 1
         return loaded
 
     # ---- logs and metrics ------------------------------------------------------------------------
@@ -211,12 +276,15 @@ class LocalAWS:
 
     # ---- restore from disk -----------------------------------------------------------------------
     def _restore(self) -> None:
+        """What earlier processes left: the buckets, log streams and metrics now; each S3 object when it is
+        first read (``_load_before_read``). Loading every object at the start cost every notebook kernel
+        ~11 s and a temporary copy on disk (moto spools bodies over 5 MB to files) per GB in S3, which a
+        run of the real model fills with models of 540 MB."""
         objects = 0
-        for bucket, key, path in self.storage.s3_objects():
+        for bucket, key, _ in self.storage.s3_objects():
             if key is None:
                 self.create_bucket(bucket, client=self._quiet_s3)
             else:
-                self._quiet_s3.put_object(Bucket=bucket, Key=key, Body=path.read_bytes())
                 objects += 1
         streams = 0
         for _, stream, events in self.storage.log_streams():
@@ -230,4 +298,6 @@ class LocalAWS:
             for point in points:
                 self.put_metric(job, point["name"], point["value"], point["t"], persist=False)
         if objects or streams:
-            say(f"restored {objects} S3 object(s) and {streams} log stream(s) from {self.storage.root}")
+            say(
+                f"restored {streams} log stream(s) from {self.storage.root}; its {objects} S3 object(s) load when read"
+            )

@@ -31,6 +31,8 @@ def restore(aws, job: dict, hosts, say) -> None:
     for host in hosts:
         for key in keys:
             path = host.checkpoints / key[len(prefix) :]
+            if aws.link_object(bucket, key, path, read_only=False):
+                continue
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_bytes(aws.s3.get_object(Bucket=bucket, Key=key)["Body"].read())
         host.synced = {p: _signature(p) for p in files_under(host.checkpoints)}

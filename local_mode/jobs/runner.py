@@ -150,11 +150,18 @@ class TrainingJob:
             checkpoints.sync(self.aws, job, hosts)
             if outcome.kind != "Interrupted":
                 break
+            hostlib.release_instances(hosts)  # the interrupted instances are gone; the checkpoints are in S3
             status.secondary("Interrupted", "Training job interrupted due to Spot interruption")
             self.spot.clear()
             status.secondary("Restarting", "Restarting training job after Spot interruption")
             status.say("restarting after the simulated Spot interruption, checkpoints restored")
         outputs.upload_results(self.aws, status, hosts[0], outcome)  # algo-1's model and output data
+        freed = hostlib.release_instances(hosts, cache / "channels")
+        if freed:
+            status.say(
+                f"freed {freed / 1e6:.1f} MB of instance storage (model, checkpoints, channels): as on SageMaker, "
+                "what the job saved is in S3"
+            )
         return outcome
 
 

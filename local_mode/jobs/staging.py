@@ -111,6 +111,8 @@ def download_channels(aws, job: dict, target: Path, say) -> list[Channel]:
         for key in keys:
             relative = key[len(prefix) :].lstrip("/") or key.rsplit("/", 1)[-1]
             path = folder / relative
+            if aws.link_object(bucket, key, path, read_only=True):
+                continue
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_bytes(get_object(aws, bucket, key, what=f"channel '{channel['ChannelName']}'"))
         files = sorted(p for p in folder.rglob("*") if p.is_file())

@@ -474,6 +474,11 @@ class RequestRouter:
         request = AWSPreparedRequest(method, f"https://{host}{path}", headers, body, stream_output=False)
         if service == "s3" and method in ("GET", "HEAD"):
             self._catch_up(path)
+        if service == "s3" and "x-amz-copy-source" in (name.lower() for name in headers):
+            source = next(v for k, v in headers.items() if k.lower() == "x-amz-copy-source")
+            bucket, _, key = unquote(source).lstrip("/").partition("/")
+            if bucket and key:
+                self.aws.catch_up(bucket, key.split("?versionId=")[0], exact=True)
         status, out_headers, out_body = self.moto.process_request(request)
         if isinstance(out_body, str):
             out_body = out_body.encode()
@@ -486,10 +491,12 @@ class RequestRouter:
         notebook kernel's training job), so that every client sees one S3, as on AWS."""
         parts = urlsplit(path)
         bucket, _, key = unquote(parts.path).lstrip("/").partition("/")
-        if not key:  # a listing: its prefix (a whole bucket is not scanned on every request)
-            key = parse_qs(parts.query).get("prefix", [""])[0]
-        if bucket and key:
-            self.aws.catch_up(bucket, key)
+        if key:  # an object
+            self.aws.catch_up(bucket, key, exact=True)
+            return
+        prefix = parse_qs(parts.query).get("prefix", [""])[0]  # a listing (a whole bucket is not scanned)
+        if bucket and prefix:
+            self.aws.catch_up(bucket, prefix)
 
     def _mirror(self, method: str, path: str) -> None:
         parts = urlsplit(path)

@@ -52,6 +52,14 @@ def read_model(session, model_data: str) -> dict[str, bytes]:
         return {m.name: tar.extractfile(m).read() for m in tar.getmembers() if m.isfile()}
 
 
+def s3_file_is_whole(session, uri: str, body: bytes) -> bool:
+    """The object, and local S3's copy of it on disk, both still hold ``body``."""
+    bucket, key = uri[len("s3://") :].split("/", 1)
+    stored = session.boto_session.client("s3").get_object(Bucket=bucket, Key=key)["Body"].read()
+    on_disk = (Path(os.environ["SAGEMAKER_LOCAL_ROOT"]) / "s3" / bucket / key).read_bytes()
+    return stored == on_disk == body
+
+
 def test_pytorch_fit_streams_logs_metrics_model_and_checkpoints(local_session, role, fixture_code, capsys, tmp_path):
     data = tmp_path / "data"
     data.mkdir()
@@ -77,6 +85,17 @@ def test_pytorch_fit_streams_logs_metrics_model_and_checkpoints(local_session, r
 
     model = read_model(local_session, estimator.model_data)
     assert json.loads(model["result.json"]) == {"final_step": 3, "resumed_from": 0, "rows": 3}
+    # The channel was local S3's copy of the file, linked read-only (S3's, the job's download, the host's
+    # tree), not a copy: a job's model channel is 540 MB on SmolLM2.
+    assert "channel_file links=3 mode=444" in out
+    # The instance's model, checkpoints and channels went with the job, as on SageMaker; the rest stays.
+    run = Path(os.environ["SAGEMAKER_LOCAL_ROOT"]) / "runs" / estimator.latest_training_job.name
+    host = run / "attempt-1" / "algo-1" / "opt" / "ml"
+    assert (host / "input" / "config" / "hyperparameters.json").is_file()
+    assert [p for p in ("model", "checkpoints", "input/data") if (host / p).exists()] == []
+    assert not (run / "downloads" / "channels").exists()
+    assert re.search(r"freed \d+\.\d MB of instance storage", out)
+    assert s3_file_is_whole(local_session, train_uri + "/train.jsonl", b'{"a": 1}\n{"a": 2}\n{"a": 3}\n')
 
     description = estimator.latest_training_job.describe()
     assert description["FinalMetricDataList"][0]["MetricName"] == "loss"
@@ -290,6 +309,14 @@ def test_spot_interruption_restarts_from_checkpoint(local_session, role, fixture
     result = json.loads(read_model(local_session, estimator.model_data)["result.json"])
     assert result["final_step"] == 6
     assert 2 <= result["resumed_from"] < 6  # resumed from its checkpoint, not from scratch
+    # Neither instance kept its checkpoints: the interrupted one went at the interruption, the other at the end.
+    run = Path(os.environ["SAGEMAKER_LOCAL_ROOT"]) / "runs" / estimator.latest_training_job.name
+    assert [a.name for a in sorted(run.glob("attempt-*"))] == ["attempt-1", "attempt-2"]
+    assert list(run.glob("attempt-*/algo-1/opt/ml/checkpoints")) == []
+    saved = local_session.boto_session.client("s3").get_object(
+        Bucket=local_session.default_bucket(), Key="spot/checkpoints/state.json"
+    )
+    assert json.loads(saved["Body"].read()) == {"step": 6}
     expected = max(1, round(description["TrainingTimeInSeconds"] * (1 - NOMINAL_SPOT_DISCOUNT)))
     assert description["BillableTimeInSeconds"] == expected
 

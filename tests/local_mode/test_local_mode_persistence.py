@@ -188,3 +188,56 @@ def test_a_process_keeps_its_identity_when_the_wall_clock_steps(monkeypatch):
     before = os_utils.process_identity()
     monkeypatch.setattr(psutil.Process, "create_time", lambda self: 1e9)  # the clock stepped
     assert os_utils.process_identity() == before and os_utils.is_same_process(before)
+
+
+LAZY_KERNEL = textwrap.dedent(
+    """
+    import json, sys
+    import boto3
+    from helpers.sagemaker_session import make_session
+    import local_mode
+
+    session = make_session(run_mode="local")
+    bucket = session.default_bucket()
+    quiet = local_mode.jobs._active._quiet_s3  # moto itself, without local mode's hooks
+    held_at_start = quiet.list_objects_v2(Bucket=bucket).get("KeyCount", 0)
+    s3 = boto3.client("s3")  # a plain client: local mode's session is boto3's default
+    body = s3.get_object(Bucket=bucket, Key="fixture/big/weights.bin")["Body"].read()
+    held_after_read = sorted(o["Key"] for o in quiet.list_objects_v2(Bucket=bucket)["Contents"])
+    listed = sorted(o["Key"] for o in s3.list_objects_v2(Bucket=bucket, Prefix="fixture/small/")["Contents"])
+    s3.copy_object(Bucket=bucket, Key="fixture/copy.txt", CopySource={"Bucket": bucket, "Key": "fixture/lone.txt"})
+    copied = s3.get_object(Bucket=bucket, Key="fixture/copy.txt")["Body"].read().decode()
+    print("RESULT " + json.dumps({"held_at_start": held_at_start, "size": len(body), "held_after_read": held_after_read,
+                                  "listed": listed, "copied": copied}))
+    """
+)
+
+
+def test_a_later_kernel_loads_each_s3_object_when_it_is_read(local_session, tmp_path):
+    """A kernel starts without loading S3 from disk (a run of the real model leaves GBs of models there,
+    which each kernel copied before): each object loads at its first read, a listing loads its prefix."""
+    s3 = local_session.boto_session.client("s3")
+    bucket = local_session.default_bucket()
+    big = os.urandom(6 * 1024 * 1024)  # above moto's in-memory buffer: it spools to a file
+    s3.put_object(Bucket=bucket, Key="fixture/big/weights.bin", Body=big)
+    for name in ("a", "b"):
+        s3.put_object(Bucket=bucket, Key=f"fixture/small/{name}.txt", Body=name.encode())
+    s3.put_object(Bucket=bucket, Key="fixture/lone.txt", Body=b"copied from disk")
+
+    script = tmp_path / "lazy_kernel.py"
+    script.write_text(LAZY_KERNEL)
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    completed = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=120, env=env, cwd=tmp_path
+    )
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    assert "4 S3 object(s) load when read" in completed.stdout
+    seen = json.loads(next(x for x in completed.stdout.splitlines() if x.startswith("RESULT "))[len("RESULT ") :])
+    assert seen["held_at_start"] == 0
+    assert seen["size"] == len(big)
+    assert seen["held_after_read"] == ["fixture/big/weights.bin"]
+    assert seen["listed"] == ["fixture/small/a.txt", "fixture/small/b.txt"]
+    assert seen["copied"] == "copied from disk"
+    import local_mode
+
+    assert (local_mode.active_root() / "s3" / bucket / "fixture" / "copy.txt").read_bytes() == b"copied from disk"

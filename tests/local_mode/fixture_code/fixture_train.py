@@ -48,8 +48,11 @@ if args.mode == "steps":
     print(f"tmp={tempfile.gettempdir()}", flush=True)
     rows = 0
     if "SM_CHANNEL_TRAIN" in os.environ:
-        with open(os.path.join(os.environ["SM_CHANNEL_TRAIN"], "train.jsonl")) as f:
+        channel_file = os.path.join(os.environ["SM_CHANNEL_TRAIN"], "train.jsonl")
+        with open(channel_file) as f:
             rows = sum(1 for _ in f)
+        stat = os.stat(channel_file)
+        print(f"channel_file links={stat.st_nlink} mode={stat.st_mode & 0o777:o}", flush=True)
     for step in range(start + 1, args.steps + 1):
         time.sleep(args.step_seconds)
         if sigterm or step % args.checkpoint_every == 0:
