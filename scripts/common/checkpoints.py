@@ -11,7 +11,8 @@ or one process (rank 0 writes, the others wait)::
                        and the script's ``extra`` (data position, ...)
         manifest.json  written last: step and each file's size
 
-It is written under a temporary name and renamed when complete. With FSDP2 (``--strategy fsdp``)
+It is written under a temporary name beside the folder (``.<folder>-staging/``, so that the sync to
+S3 never uploads a half-written one) and renamed into it when complete. With FSDP2 (``--strategy fsdp``)
 every rank writes its own shards with ``torch.distributed.checkpoint`` (DCP), nothing is gathered::
 
     <checkpoint_dir>/step_00000120/
@@ -52,7 +53,9 @@ its workers.
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import errno
 import json
 import logging
 import os
@@ -110,11 +113,22 @@ def set_rng_state(state: dict) -> None:
 
 def _model_state(model, trainable_only: bool, copy: bool) -> dict:
     """The state to save, on CPU. ``copy``: tensors of their own, which training may not change
-    while a thread writes them (``.cpu()`` of a CPU tensor is the live tensor itself)."""
+    while a thread writes them (``.cpu()`` of a CPU tensor is the live tensor itself). Tied weights
+    (an embedding shared with the output layer) stay one tensor under their names, so ``torch.save``
+    writes them once: copied apart they were 113 MB more a checkpoint for SmolLM2-135M."""
     module = unwrap(model)
     if trainable_only:
-        return {name: _to_cpu(p, copy) for name, p in module.named_parameters() if p.requires_grad}
-    return {name: _to_cpu(t, copy) for name, t in module.state_dict().items()}
+        tensors = {name: p for name, p in module.named_parameters() if p.requires_grad}
+    else:
+        tensors = module.state_dict()
+    copies = {}
+    state = {}
+    for name, tensor in tensors.items():
+        key = (tensor.data_ptr(), tensor.dtype, tuple(tensor.shape), tensor.stride())
+        if key not in copies:
+            copies[key] = _to_cpu(tensor, copy)
+        state[name] = copies[key]
+    return state
 
 
 def _optimizer_state(model, optimizer, copy: bool) -> dict:
@@ -234,10 +248,16 @@ class Checkpointer:
         self._writer: threading.Thread | None = None
         self._write_error: BaseException | None = None
         self._sharded_group = None  # the process group of DCP's background saves, made on first use
+        # A checkpoint is written beside the folder and renamed into it when whole: the sync of the folder
+        # to S3 then never uploads one half-written, which S3 would keep (1.7 GB for SmolLM2-135M).
+        self.staging = self.directory.parent / f".{self.directory.name}-staging"
         if learners.is_main:
             self.directory.mkdir(parents=True, exist_ok=True)
-            for leftover in self.directory.glob(".tmp-*"):  # an earlier run died while writing
+            # What an earlier run left while writing (inside the folder: where it was staged before)
+            for leftover in [*self.staging.glob(".tmp-*"), *self.directory.glob(".tmp-*")]:
                 shutil.rmtree(leftover, ignore_errors=True)
+            with contextlib.suppress(OSError):
+                self.staging.rmdir()  # gone if empty
         barrier(learners)
 
     # ---------------------------------------------------------------- saving
@@ -385,7 +405,11 @@ class Checkpointer:
             self._write_error = error
 
     def _write(self, final: Path, model_state, optimizer_state, state: dict) -> None:
-        staging = self.directory / f".tmp-{final.name}-{os.getpid()}"
+        staging = self.staging / f".tmp-{final.name}-{os.getpid()}"
+        try:
+            staging.parent.mkdir(exist_ok=True)
+        except OSError:  # the folder's parent cannot be written: stage inside it, as the sync may then see
+            staging = self.directory / staging.name
         shutil.rmtree(staging, ignore_errors=True)
         staging.mkdir(parents=True)
         _fsync_save(model_state, staging / "model.pt")
@@ -396,7 +420,17 @@ class Checkpointer:
         (staging / MANIFEST).write_text(json.dumps(manifest, indent=1))
         if final.exists():  # a torn or older run's folder of the same step
             shutil.rmtree(final)
-        os.replace(staging, final)
+        try:
+            os.replace(staging, final)
+        except OSError as error:  # beside it, but on another file system: a copy, the manifest last
+            if error.errno != errno.EXDEV:
+                raise
+            shutil.copytree(staging, final, ignore=shutil.ignore_patterns(MANIFEST))
+            shutil.copy2(staging / MANIFEST, final / MANIFEST)
+            shutil.rmtree(staging)
+        if staging.parent == self.staging:
+            with contextlib.suppress(OSError):
+                self.staging.rmdir()  # empty unless another process stages there
         self._prune()
 
     def _prune(self) -> None:

@@ -212,3 +212,54 @@ def test_time_based_schedule_with_a_fake_clock():
     assert both.due(7, learners)  # by time
     assert [s for s in range(1, 30) if CheckpointSchedule(0, 0).due(s, learners)] == []  # both off
     # negative values are refused by TrainingArgs.validate (test_common_contract.py)
+
+
+def test_a_checkpoint_is_staged_outside_the_synced_folder(tmp_path, monkeypatch):
+    """The sync to S3 watches the checkpoint folder: a checkpoint written there under a temporary name was
+    uploaded half-written, and S3 kept that copy. It is written beside the folder and renamed in, whole."""
+    from common import checkpoints
+    from common.distributed import single_learner
+
+    folder = tmp_path / "checkpoints"
+    (tmp_path / ".checkpoints-staging" / ".tmp-step_00000007-1").mkdir(parents=True)  # a killed run's
+    seen_while_writing = []
+    real_save = checkpoints._fsync_save
+
+    def save_and_look(obj, path):
+        real_save(obj, path)
+        seen_while_writing.append(sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*")))
+        assert not path.is_relative_to(folder)
+
+    monkeypatch.setattr(checkpoints, "_fsync_save", save_and_look)
+    model, optimizer, scheduler = _training_state()
+    checkpointer = checkpoints.Checkpointer(folder, single_learner("cpu"), background=True)
+    assert not (tmp_path / ".checkpoints-staging").exists()  # the leftover went, and its folder with it
+    _step(model, optimizer, scheduler)
+    checkpointer.save(1, model, optimizer, scheduler)
+    checkpointer.wait()
+    assert seen_while_writing == [[], [], []]  # model, optimizer, state: nothing in the synced folder yet
+    assert sorted(p.name for p in (folder / "step_00000001").iterdir()) == [
+        "manifest.json", "model.pt", "optimizer.pt", "state.pt"
+    ]  # fmt: skip
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoints"]
+
+
+def test_tied_weights_are_saved_once(tmp_path):
+    """An embedding tied to the output layer is one tensor under two names; copied for a background write
+    it must stay one, or every checkpoint holds it twice."""
+    from common import checkpoints
+
+    class Tied(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.embed = torch.nn.Embedding(1000, 64)
+            self.head = torch.nn.Linear(64, 1000, bias=False)
+            self.head.weight = self.embed.weight
+
+    model = Tied()
+    for copy in (False, True):
+        state = checkpoints._model_state(model, trainable_only=False, copy=copy)
+        assert state["head.weight"] is state["embed.weight"]
+        assert copy == (state["embed.weight"].data_ptr() != model.embed.weight.data_ptr())
+    torch.save(checkpoints._model_state(model, trainable_only=False, copy=True), tmp_path / "model.pt")
+    assert (tmp_path / "model.pt").stat().st_size < 1000 * 64 * 4 * 1.2  # once, not twice
