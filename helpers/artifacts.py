@@ -38,6 +38,21 @@ def download_and_extract(session, tar_uri: str, dest: str | Path) -> Path:
     return dest
 
 
+def remove_downloads(folder: str | Path) -> int:
+    """Delete a folder of artifacts downloaded from S3, whose originals S3 keeps; says and returns the
+    bytes it held (a model of 135 M parameters is 540 MB a copy)."""
+    import shutil
+
+    folder = Path(folder)
+    if not folder.is_dir():
+        print(f"nothing to remove: {folder} is not a folder")
+        return 0
+    held = sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
+    shutil.rmtree(folder)
+    print(f"removed {folder} ({held / 1e9:.2f} GB); the artifacts stay in S3")
+    return held
+
+
 def load_model(path: str | Path):
     """Load a downloaded model folder with transformers (a check that the artifact is usable)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
