@@ -29,8 +29,15 @@ LOG_GROUP = "/aws/sagemaker/TrainingJobs"
 METRICS_NAMESPACE = "/aws/sagemaker/TrainingJobs"
 _S3_WRITES = ("PutObject", "CompleteMultipartUpload", "CopyObject")
 # Reads that must see what is on disk: the objects are loaded from there when first read (see _restore).
-_S3_READS = ("GetObject", "HeadObject", "GetObjectAttributes", "ListObjects", "ListObjectsV2", "CopyObject",
-             "UploadPartCopy")
+_S3_READS = (
+    "GetObject",
+    "HeadObject",
+    "GetObjectAttributes",
+    "ListObjects",
+    "ListObjectsV2",
+    "CopyObject",
+    "UploadPartCopy",
+)
 
 
 def say(text: str) -> None:
@@ -298,6 +305,4 @@ class LocalAWS:
             for point in points:
                 self.put_metric(job, point["name"], point["value"], point["t"], persist=False)
         if objects or streams:
-            say(
-                f"restored {streams} log stream(s) from {self.storage.root}; its {objects} S3 object(s) load when read"
-            )
+            say(f"restored {streams} log stream(s) from {self.storage.root}; its {objects} S3 object(s) load when read")
