@@ -168,7 +168,7 @@ class LocalAWS:
         try:
             for page in self._quiet_s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
                 keys.update(item["Key"] for item in page.get("Contents", []))
-        except self._quiet_s3.exceptions.NoSuchBucket:
+        except self._quiet_s3.exceptions.NoSuchBucket:  # not loaded yet: the keys on disk are all there is
             pass
         return sorted(keys)
 
