@@ -239,22 +239,45 @@ def link_or_copy_tree(src: Path, dst: Path) -> None:
             shutil.copy2(path, target)
 
 
+# What stays of an instance's /opt/ml tree once its job has ended, for inspection: what the job was
+# given (input/config, code) and what it reported (output: failure, data).
+KEPT_AFTER_JOB = ("input/config", "code", "output")
+
+
 def release_instances(hosts: list[Host], downloads: Path | None = None) -> int:
-    """Free what SageMaker loses with a job's instances and keeps in S3 only: each host's model (the
-    leader's is model.tar.gz by now), its checkpoints (synced) and its input channels, with the job's
-    ``downloads`` once no attempt needs them. The rest of each tree (input/config, code, output) stays
-    for inspection. Returns the bytes freed: a model of 135 M parameters is 540 MB a copy."""
-    folders = [f for host in hosts for f in (host.tree / "model", host.checkpoints, host.tree / "input" / "data")]
+    """Free what SageMaker loses with a job's instances and keeps in S3 only: all of each host's tree
+    but ``KEPT_AFTER_JOB`` (its model, the leader's is model.tar.gz by now; its checkpoints, synced, with
+    any half-written one a script staged beside them; its input channels), and the job's ``downloads``
+    once no attempt needs them. Returns the bytes freed: a model of 135 M parameters is 540 MB a copy."""
+    folders: list[Path] = []
+    for host in hosts:
+        folders += _released_parts(host.tree, [host.tree / k for k in KEPT_AFTER_JOB])
+        folders += [host.checkpoints] if host.checkpoints is not None else []
     if downloads is not None:
         folders.append(downloads)
     freed = 0
     for folder in folders:
-        if not folder.is_dir():
+        if not folder.exists():
             continue
+        files = [folder] if folder.is_file() else [p for p in folder.rglob("*") if p.is_file()]
         # A hard link frees nothing while another name holds the file (local S3's copy of a channel).
-        freed += sum(p.stat().st_size for p in folder.rglob("*") if p.is_file() and p.stat().st_nlink == 1)
-        shutil.rmtree(folder, ignore_errors=True)
+        freed += sum(p.stat().st_size for p in files if not p.is_symlink() and p.stat().st_nlink == 1)
+        if folder.is_dir() and not folder.is_symlink():
+            shutil.rmtree(folder, ignore_errors=True)
+        else:
+            folder.unlink(missing_ok=True)
     return freed
+
+
+def _released_parts(folder: Path, kept: list[Path]):
+    """The files and folders under ``folder`` that are not in ``kept`` and hold none of it."""
+    for child in folder.iterdir() if folder.is_dir() else ():
+        if child in kept:
+            continue
+        if any(child in k.parents for k in kept):
+            yield from _released_parts(child, kept)
+        else:
+            yield child
 
 
 def training_module_for(image: str) -> str | None:

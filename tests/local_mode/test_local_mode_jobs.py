@@ -429,3 +429,36 @@ def test_image_that_passes_sigterm_on_gets_the_scripts_save(
     assert re.search(rf"\(step {interrupted}\)", second[0]), second[0]  # the resume step is the interrupted one
     assert steps_in(second) == list(range(interrupted + 1, 41))  # nothing lost, nothing redone
     assert "model.safetensors" in read_model(local_session, estimator.model_data)
+
+
+def test_an_ended_jobs_instances_keep_only_what_it_was_given_and_what_it_reported(tmp_path):
+    """All of an instance's tree goes with the job but its config, code and output, whatever the script
+    left: a checkpoint half-written in a staging folder beside the synced one (SmolLM2's is 1.6 GB) as
+    well as the model and channels. A channel linked to local S3's copy is not counted as freed."""
+    from local_mode.jobs import hosts as hostlib
+
+    tree = tmp_path / "algo-1" / "opt" / "ml"
+    files = {
+        "input/config/hyperparameters.json": b"{}",
+        "code/train.py": b"print()",
+        "output/failure": b"why",
+        "output/data/metrics.json": b"{}",
+        "model/model.safetensors": b"m" * 1000,
+        "checkpoints/step_4/model.pt": b"c" * 300,
+        ".checkpoints-staging/.tmp-step_8/model.pt": b"s" * 70,
+        "input/data/train/train.jsonl": b"linked",
+    }
+    for name, data in files.items():
+        (tree / name).parent.mkdir(parents=True, exist_ok=True)
+        (tree / name).write_bytes(data)
+    s3_copy = tmp_path / "s3" / "train.jsonl"
+    s3_copy.parent.mkdir()
+    os.link(tree / "input/data/train/train.jsonl", s3_copy)
+    host = hostlib.Host("algo-1", "algo-1", tree, checkpoints=tree / "checkpoints")
+
+    freed = hostlib.release_instances([host])
+
+    left = sorted(str(p.relative_to(tree)) for p in tree.rglob("*") if p.is_file())
+    assert left == ["code/train.py", "input/config/hyperparameters.json", "output/data/metrics.json", "output/failure"]
+    assert freed == 1000 + 300 + 70  # not the linked channel: S3's copy still holds its bytes
+    assert s3_copy.read_bytes() == b"linked"
