@@ -14,6 +14,7 @@ the table, a line names the run's model, date and machine.
 ``--keep`` stores a copy of the summary with that provenance added and this machine's absolute paths
 removed: the copy in the repository is the source of the README's figures, and
 ``tests/notebooks/test_results_table.py`` checks that the README's table is its rendering.
+``--times`` renders, instead, each notebook's wall time in its lane (``render_times``).
 ``--write`` puts the table between the README's marker comments; ``--check`` exits 1 if the README's
 table differs from the rendering.
 """
@@ -30,6 +31,7 @@ from pathlib import Path
 
 # The rows are the ones a notebook's "What you saw" cell shows: one module builds them for both.
 from helpers.results import rows
+from tools import training_session_notebooks as session_notebooks
 
 REPO = Path(__file__).resolve().parents[1]
 BEGIN = "<!-- results:begin -->"
@@ -119,6 +121,33 @@ def render(summary: dict, summary_file: Path | None = None) -> str:
     return "\n".join(lines) + "\n"
 
 
+def render_times(summary: dict) -> str:
+    """Where a run's time went: each notebook's wall time in its lane. After notebook 00 the two lanes run
+    side by side and share the cores, so a notebook's time depends on what ran beside it."""
+    seconds = {n["notebook"].removesuffix(".ipynb"): n for n in summary.get("notebooks") or []}
+    lines = [
+        f"Wall time of the whole run: {summary['seconds']:.0f} s ({summary['seconds'] / 60:.1f} min); notebook 00 "
+        "first, then the two lanes side by side.",
+        "",
+        "| lane | notebook | status | seconds |",
+        "|---|---|---|---|",
+    ]
+    lanes = summary.get("lanes") or []
+    first = [name for name in seconds if not any(name in lane for lane in lanes)]
+    named = [
+        ("session notebooks" if lane[0][:2] in session_notebooks.NOTEBOOKS else "job notebooks", lane) for lane in lanes
+    ]
+    for lane_name, lane in [("first", first), *named]:
+        ran = [seconds[name] for name in lane if name in seconds]
+        for n in ran:
+            lines.append(
+                f"| {lane_name} | {n['notebook'].removesuffix('.ipynb')} | {n['status']} | {n['seconds']:.0f} |"
+            )
+        if ran and lane_name != "first":
+            lines.append(f"| {lane_name} | all, one after another | | **{sum(n['seconds'] for n in ran):.0f}** |")
+    return "\n".join(lines) + "\n"
+
+
 def replace_between_markers(text: str, block: str, begin: str = BEGIN, end: str = END) -> str:
     """``text`` with what lies between the marker comments ``begin`` and ``end`` replaced by ``block``:
     every generated part of the docs is written this way (this table, BENCHMARKS' sections)."""
@@ -153,6 +182,9 @@ def main(argv: list[str] | None = None) -> int:
         default="results",
         help="the name in the marker comments <!-- NAME:begin --> ... <!-- NAME:end --> (default: %(default)s)",
     )
+    parser.add_argument(
+        "--times", action="store_true", help="render where the run's time went (render_times), not its results"
+    )
     args = parser.parse_args(argv)
     begin, end = markers(args.markers)
     summary = json.loads(args.summary.read_text())
@@ -160,7 +192,7 @@ def main(argv: list[str] | None = None) -> int:
         summary = kept_copy(summary, args.summary)
         args.keep.parent.mkdir(parents=True, exist_ok=True)
         args.keep.write_text(json.dumps(summary, indent=1, ensure_ascii=False) + "\n")
-    block = render(summary, args.summary)
+    block = render_times(summary) if args.times else render(summary, args.summary)
     if args.check:
         if between_markers(args.check.read_text(), begin, end) != block:
             print(f"{args.check}: the results table is not the rendering of {args.summary}", file=sys.stderr)

@@ -203,3 +203,29 @@ def test_the_benchmarks_distillation_figures_are_the_rendering_of_the_runs_they_
     assert distillation_section.replace(docs, distillation_section.render()) == docs
     for path in distillation_section.RUNS:
         assert (REPO / path).exists(), f"{path}: keep it with python -m tools.results_table <run>/summary.json --keep"
+
+
+def test_render_times_gives_each_notebook_in_its_lane_and_each_lanes_sum():
+    summary = {
+        "seconds": 130.4,
+        "lanes": [["01_estimator_sft"], ["07_training_session_sft", "08_training_session_grpo"]],
+        "notebooks": [
+            {"notebook": "00_setup_and_data.ipynb", "status": "ok", "seconds": 10.2},
+            {"notebook": "01_estimator_sft.ipynb", "status": "ok", "seconds": 100.0},
+            {"notebook": "07_training_session_sft.ipynb", "status": "ok", "seconds": 60.4},
+            {"notebook": "08_training_session_grpo.ipynb", "status": "failed", "seconds": 49.4},
+        ],
+    }
+    lines = results_table.render_times(summary).splitlines()
+    assert lines[0].startswith("Wall time of the whole run: 130 s (2.2 min)")
+    assert lines[4:] == [
+        "| first | 00_setup_and_data | ok | 10 |",
+        "| job notebooks | 01_estimator_sft | ok | 100 |",
+        "| job notebooks | all, one after another | | **100** |",
+        "| session notebooks | 07_training_session_sft | ok | 60 |",
+        "| session notebooks | 08_training_session_grpo | failed | 49 |",
+        "| session notebooks | all, one after another | | **110** |",
+    ]
+    # A run of session notebooks alone has one lane, named by what it holds.
+    alone = {**summary, "lanes": [summary["lanes"][1]], "notebooks": summary["notebooks"][::2]}
+    assert "| session notebooks | all, one after another | | **60** |" in results_table.render_times(alone)
