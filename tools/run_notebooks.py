@@ -516,6 +516,33 @@ def lanes(selected: list[Path]) -> list[list[Path]]:
     return [lane for lane in (jobs, sessions) if lane]
 
 
+# Between a notebook's start and end lines, a line every few minutes says where each running notebook
+# is: the real model's notebooks run for up to half an hour each, its whole run for over an hour.
+PROGRESS_EVERY_S = 180
+
+
+def cells_run(executed: Path) -> tuple[int, int] | None:
+    """(code cells run, code cells) in papermill's copy of a running notebook (it saves the copy as each
+    cell starts and ends), or None while there is none to read."""
+    try:
+        cells = json.loads(executed.read_text())["cells"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None  # not written yet, or caught mid-write
+    code = [cell for cell in cells if cell.get("cell_type") == "code"]
+    done = sum(cell.get("metadata", {}).get("papermill", {}).get("status") == "completed" for cell in code)
+    return done, len(code)
+
+
+def progress_line(running: dict[str, float], notebooks_dir: Path, now: float) -> str:
+    """``running``: each running notebook's file name and its start (``time.monotonic``)."""
+    parts = []
+    for name, since in sorted(running.items()):
+        cells = cells_run(notebooks_dir / name)
+        where = f", cell {cells[0] + 1} of {cells[1]}" if cells and cells[0] < cells[1] else ""
+        parts.append(f"{name.removesuffix('.ipynb')} for {(now - since) / 60:.0f} min{where}")
+    return "    running: " + "; ".join(parts)
+
+
 def run(out: Path, only: list[str] | None = None, cell_timeout: int | None = None, model: str = "tiny") -> dict:
     """Run the notebooks: 00 first, then the lanes side by side; a cell may take ``cell_timeout``
     seconds (default: 15 minutes, an hour for the real model, whose jobs' watching cells wait for the
@@ -547,6 +574,13 @@ def run(out: Path, only: list[str] | None = None, cell_timeout: int | None = Non
     finished = Finished(selected)
     results = []
     started = time.monotonic()
+    running_now: dict[str, float] = {}  # for the progress lines
+    run_ended = threading.Event()
+
+    def say_progress() -> None:
+        while not run_ended.wait(PROGRESS_EVERY_S):
+            if running_now:
+                print(progress_line(dict(running_now), out / "notebooks", time.monotonic()), flush=True)
 
     def run_lane(lane: list[Path], yielding: bool = False) -> bool:
         try:
@@ -562,7 +596,11 @@ def run(out: Path, only: list[str] | None = None, cell_timeout: int | None = Non
             if set_here[CPU_PRECISION_VARIABLE] and not is_session_notebook(notebook):
                 # the kernel, and the local-mode hosts of its jobs, inherit it (one job notebook at a time)
                 os.environ[CPU_PRECISION_VARIABLE] = "bf16" if notebook.name[:2] in bf16_jobs else "no"
-            entry = execute(notebook, out, work_dir, model, cell_timeout, yielding)
+            running_now[notebook.name] = time.monotonic()
+            try:
+                entry = execute(notebook, out, work_dir, model, cell_timeout, yielding)
+            finally:
+                running_now.pop(notebook.name, None)
             endpoint_users.done([notebook])
             finished.add([notebook])
             results.append(entry)
@@ -613,11 +651,13 @@ def run(out: Path, only: list[str] | None = None, cell_timeout: int | None = Non
                 if set_here["OMP_NUM_THREADS"] and running[0]:
                     os.environ["OMP_NUM_THREADS"] = str(max(1, cores // running[0]))
 
+    threading.Thread(target=say_progress, name="progress", daemon=True).start()
     try:
         if run_lane([n for n in selected if n.name.startswith("00")]):
             with ThreadPoolExecutor(max_workers=max(1, len(side_by_side))) as pool:
                 list(pool.map(run_side_by_side, side_by_side))
     finally:
+        run_ended.set()
         # However the run ends (a notebook 00 that failed, an interrupt), no endpoint outlives it.
         stop_endpoint()
     for variable, ours_to_remove in set_here.items():

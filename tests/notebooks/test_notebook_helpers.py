@@ -1028,3 +1028,49 @@ def test_an_answer_preview_is_one_line_whatever_the_model_wrote(answer, shown):
 def test_an_answer_preview_is_cut_at_its_width():
     text = show.preview("abcdefghij" * 3 + " the end of a long answer", width=20)
     assert len(text) == 20 and text.endswith("…") and "\n" not in text
+
+
+def test_a_progress_line_says_where_each_running_notebook_is(tmp_path):
+    """The real model's run lasts over an hour: between a notebook's start and end lines, a line every few
+    minutes names each running notebook, its minutes so far and the cell papermill is running."""
+    import nbformat
+
+    from tools import run_notebooks
+
+    notebook = nbformat.v4.new_notebook()
+    notebook.cells = [nbformat.v4.new_markdown_cell("# 08")] + [nbformat.v4.new_code_cell("x") for _ in range(5)]
+    for cell, status in zip(
+        notebook.cells[1:], ["completed", "completed", "running", "pending", "pending"], strict=True
+    ):
+        cell.metadata["papermill"] = {"status": status}
+    nbformat.write(notebook, tmp_path / "08_training_session_grpo.ipynb")
+    (tmp_path / "02_sagemaker_session_dpo.ipynb").write_text('{"cells": [')  # caught mid-write
+
+    assert run_notebooks.cells_run(tmp_path / "08_training_session_grpo.ipynb") == (2, 5)
+    assert run_notebooks.cells_run(tmp_path / "02_sagemaker_session_dpo.ipynb") is None
+    assert run_notebooks.cells_run(tmp_path / "03_boto3_grpo.ipynb") is None  # not written yet
+    running = {"08_training_session_grpo.ipynb": 1000.0, "02_sagemaker_session_dpo.ipynb": 1540.0}
+    line = run_notebooks.progress_line(running, tmp_path, now=1600.0)
+    assert line == "    running: 02_sagemaker_session_dpo for 1 min; 08_training_session_grpo for 10 min, cell 3 of 5"
+
+
+def test_a_run_says_its_progress_while_notebooks_run_and_stops_saying_it_when_it_ends(tmp_path, monkeypatch, capsys):
+    from tools import run_notebooks
+
+    both_lanes = threading.Barrier(2, timeout=30)
+
+    def slow_execute(notebook, out, work_dir, model, cell_timeout, yielding=False):
+        if not notebook.name.startswith("00"):
+            both_lanes.wait()  # 01 and 07 run at once, however slowly the machine starts their threads
+        time.sleep(1.5)  # several progress lines' time, with room on a loaded machine
+        return {"notebook": notebook.name, "status": "ok", "seconds": 1.5}
+
+    monkeypatch.setattr(run_notebooks, "execute", slow_execute)
+    monkeypatch.setattr(run_notebooks, "prepare_environment", lambda out: {})
+    monkeypatch.setattr(run_notebooks, "PROGRESS_EVERY_S", 0.2)
+    run_notebooks.run(tmp_path, only=["00", "01", "07"])
+    printed = capsys.readouterr().out
+    assert "    running: 00_setup_and_data for 0 min" in printed
+    assert "    running: 01_estimator_sft for 0 min; 07_training_session_sft for 0 min" in printed  # side by side
+    time.sleep(0.5)
+    assert "running:" not in capsys.readouterr().out  # the run has ended: no more lines
