@@ -6,8 +6,9 @@ SESSIONS_VENV := .venv-sessions
 PEER_VENV := .venv-bench-peer
 SDK_V3_KERNEL := $(VENV)/share/jupyter/kernels/sagemaker-sdk-v3/kernel.json
 PY := $(VENV)/bin/python
-MODEL ?= tiny
-OUT ?= outputs/$(if $(filter tiny,$(MODEL)),main,main-$(MODEL))
+# The main job teaches on the real model; MODEL=tiny is the quick run the tests use.
+MODEL ?= smollm2
+OUT ?= outputs/$(if $(filter smollm2,$(MODEL)),main,main-$(MODEL))
 
 .PHONY: main test environments lint bench clean-env
 

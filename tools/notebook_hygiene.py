@@ -9,8 +9,8 @@ Rules (enforced by tests/notebooks/test_notebook_hygiene.py):
   timestamps and buckets).
 
     python -m tools.notebook_hygiene strip                      # strip every notebook in notebooks/
-    python -m tools.notebook_hygiene refresh outputs/main
-        # after `make main`: run each notebook up to its checked cell with its cloud parameters
+    python -m tools.notebook_hygiene refresh outputs/main-tiny
+        # after `make main MODEL=tiny`: run each notebook up to its checked cell with its cloud parameters
         # (local mode, against that run's data and jobs), store those outputs, strip the rest
 
 The checked outputs come from the **cloud** parameters (only ``run_mode="local"`` and
@@ -81,7 +81,7 @@ def problems(nb) -> list[str]:
             if not cell.outputs:
                 found.append(
                     f"cell {number} is checked by nbval but stores no output "
-                    f"(python -m tools.notebook_hygiene refresh outputs/main)"
+                    f"(python -m tools.notebook_hygiene refresh outputs/main-tiny)"
                 )
         elif cell.outputs or cell.execution_count is not None:
             found.append(f"cell {number} keeps outputs or an execution count (python -m tools.notebook_hygiene strip)")
@@ -176,10 +176,10 @@ def refresh(run_out: Path) -> dict[str, dict[str, list]]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Strip notebook outputs; refresh the outputs nbval checks.")
     parser.add_argument("command", choices=["strip", "refresh"])
-    parser.add_argument("run_out", nargs="?", help="output folder of a main-job run, e.g. outputs/main (for 'refresh')")
+    parser.add_argument("run_out", nargs="?", help="output folder of a main-job run, e.g. outputs/main-tiny (for 'refresh')")
     args = parser.parse_args(argv)
     if args.command == "refresh" and not args.run_out:
-        parser.error("refresh needs the output folder of a main-job run, e.g. outputs/main")
+        parser.error("refresh needs the output folder of a main-job run, e.g. outputs/main-tiny")
     collected = refresh(Path(args.run_out).resolve()) if args.command == "refresh" else {}
     for path in sorted(NOTEBOOK_DIR.glob("[0-9][0-9]_*.ipynb")):
         nb = nbformat.read(str(path), as_version=4)

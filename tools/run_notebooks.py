@@ -1,8 +1,8 @@
 """The main job: every notebook, in order, in local mode with the tiny model and a few steps.
 
-    python -m tools.run_notebooks --out outputs/main          # what `make main` runs
+    python -m tools.run_notebooks --model smollm2 --out outputs/main   # what `make main` runs
+    python -m tools.run_notebooks --out outputs/main-tiny     # `make main MODEL=tiny`, the quick run
     python -m tools.run_notebooks --out /tmp/x --only 00 03   # a subset (00 prepares the data)
-    python -m tools.run_notebooks --model smollm2 --out outputs/main-smollm2   # `make main MODEL=smollm2`
 
 Each notebook runs with papermill; its cloud parameters are overridden by the CI ones
 below (tiny model, offline data, few steps; instance types, counts, spot and checkpoints

@@ -45,8 +45,8 @@ def pytest_collection_modifyitems(items):
 @pytest.fixture(scope="session")
 def notebook_run(tmp_path_factory) -> NotebookRun:
     """``tools.run_notebooks`` on every notebook, once (5-10 minutes on 2 cores). With
-    ``NOTEBOOK_RUN=<folder>`` the tests read a finished main job there instead (``make main`` writes
-    one in outputs/main), e.g. to check a run again without repeating it."""
+    ``NOTEBOOK_RUN=<folder>`` the tests read a finished main job there instead (``make main MODEL=tiny``
+    writes one in outputs/main-tiny), e.g. to check a run again without repeating it."""
     import os
 
     from tools import run_notebooks

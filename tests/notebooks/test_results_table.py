@@ -1,7 +1,7 @@
 """The README's results table is the rendering of a run's kept summary, not figures typed by hand.
 
-``python -m tools.results_table <summary.json> --keep docs/runs/main-tiny.json --write README.md``
-writes both; these tests fail when either is edited without the other, and check the rendering
+``python -m tools.results_table <summary.json> --keep docs/runs/main-smollm2.json --write README.md``
+writes both from the default run (``make main``, SmolLM2-135M-Instruct); these tests fail when either is edited without the other, and check the rendering
 itself on a small made-up summary.
 """
 
@@ -17,7 +17,7 @@ from helpers import results
 from tools import results_table
 
 REPO = Path(__file__).resolve().parents[2]
-KEPT = REPO / "docs" / "runs" / "main-tiny.json"
+KEPT = REPO / "docs" / "runs" / "main-smollm2.json"  # the default run, every notebook
 README = REPO / "README.md"
 
 
@@ -25,26 +25,32 @@ def test_readme_table_is_the_rendering_of_the_kept_summary():
     summary = json.loads(KEPT.read_text())
     shown = results_table.between_markers(README.read_text())
     assert shown == results_table.render(summary), (
-        "README.md's results table differs from the rendering of docs/runs/main-tiny.json: regenerate it "
-        "with python -m tools.results_table <run>/summary.json --keep docs/runs/main-tiny.json --write README.md"
+        "README.md's results table differs from the rendering of docs/runs/main-smollm2.json: regenerate it "
+        "with python -m tools.results_table <run>/summary.json --keep docs/runs/main-smollm2.json --write README.md"
     )
 
 
-@pytest.mark.parametrize("run", ["smollm2-10-11-15", "smollm2-13-14-16"])
-def test_real_model_docs_hold_the_rendering_of_their_kept_summary(run):
-    """docs/REAL_MODEL_RUN.md's blocks of SmolLM2 runs (notebooks 10, 11 and 15; 13, 14 and 16), each written
-    from its kept summary docs/runs/main-<run>.json with ``--markers <run>``."""
+@pytest.mark.parametrize(
+    ("page", "run"),
+    [("REAL_MODEL_RUN.md", "smollm2-10-11-15"), ("REAL_MODEL_RUN.md", "smollm2-13-14-16"), ("LOCAL_MODE.md", "tiny")],
+)
+def test_docs_hold_the_rendering_of_their_kept_summary(page, run):
+    """The docs' generated blocks: SmolLM2 runs of notebooks 10, 11 and 15, and of 13, 14 and 16; the quick
+    run's (``make main MODEL=tiny``). Each is written from its kept summary docs/runs/main-<run>.json with
+    ``--markers <run>``."""
     kept = REPO / "docs" / "runs" / f"main-{run}.json"
     begin, end = results_table.markers(run)
-    shown = results_table.between_markers((REPO / "docs" / "REAL_MODEL_RUN.md").read_text(), begin, end)
+    shown = results_table.between_markers((REPO / "docs" / page).read_text(), begin, end)
     assert shown == results_table.render(json.loads(kept.read_text()))
 
 
 def test_readme_gives_the_time_of_the_tables_run():
-    seconds = round(json.loads(KEPT.read_text())["seconds"])
-    assert f"| `make main` | {seconds} s in the run of the table below |" in README.read_text(), (
-        f"README.md's time for make main is not the kept run's ({seconds} s): write that run's time"
+    minutes = json.loads(KEPT.read_text())["seconds"] / 60
+    assert f"| `make main` | {minutes:.0f} min in the run of the table below |" in README.read_text(), (
+        f"README.md's time for make main is not the kept run's ({minutes:.0f} min): write that run's time"
     )
+    quick = round(json.loads((REPO / "docs" / "runs" / "main-tiny.json").read_text())["seconds"])
+    assert f"| `make main MODEL=tiny` | {quick} s in the run of docs/LOCAL_MODE.md's table |" in README.read_text()
 
 
 def test_kept_summary_names_its_run_and_holds_no_absolute_paths():
@@ -53,6 +59,11 @@ def test_kept_summary_names_its_run_and_holds_no_absolute_paths():
     assert provenance["model"] and provenance["date"] != "unknown"
     assert provenance["machine"]["cpu"] and provenance["machine"]["cores"] >= 1
     assert summary["ok"], "the README's figures come from a run in which every notebook ran"
+    # ... of the default model, every notebook in one run: the run a new user's `make main` makes
+    from tools import run_notebooks
+
+    assert provenance["model"] == "smollm2"
+    assert [r["notebook"][:2] for r in summary["notebooks"]] == [p.name[:2] for p in run_notebooks.notebooks()]
     text = json.dumps(summary)
     assert not re.search(r'"/(tmp|home|root|work|Users|var)/', text), "an absolute path of the machine it ran on"
     assert results_table.rows(summary), "the kept summary has no held-out figure"
