@@ -44,9 +44,19 @@ def test_docs_hold_the_rendering_of_their_kept_summary(page, run):
     assert shown == results_table.render(json.loads(kept.read_text()))
 
 
+def test_real_model_docs_give_where_the_default_runs_time_went():
+    """docs/REAL_MODEL_RUN.md's table of each notebook's time is the rendering of the README's kept run."""
+    begin, end = results_table.markers("smollm2-times")
+    shown = results_table.between_markers((REPO / "docs" / "REAL_MODEL_RUN.md").read_text(), begin, end)
+    assert shown == results_table.render_times(json.loads(KEPT.read_text())), (
+        "regenerate it: python -m tools.results_table docs/runs/main-smollm2.json --times --markers smollm2-times "
+        "--write docs/REAL_MODEL_RUN.md"
+    )
+
+
 def test_readme_gives_the_time_of_the_tables_run():
     minutes = json.loads(KEPT.read_text())["seconds"] / 60
-    assert f"| `make main` | {minutes:.0f} min in the run of the table below |" in README.read_text(), (
+    assert f"| `make main` | {minutes:.0f} min in the run of the table below" in README.read_text(), (
         f"README.md's time for make main is not the kept run's ({minutes:.0f} min): write that run's time"
     )
     quick = round(json.loads((REPO / "docs" / "runs" / "main-tiny.json").read_text())["seconds"])

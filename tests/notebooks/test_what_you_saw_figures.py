@@ -1,6 +1,7 @@
 """A notebook's "What you saw" cell (``helpers.what_you_saw``) reads back what the notebook recorded and says
-the figures of the README's results table: here on the records of the run the README's table comes from
-(``docs/runs/main-tiny.json``), laid out in a work_dir as the notebooks write them."""
+the figures of the docs' results tables: here on the records of kept runs (``docs/runs/main-tiny.json``, the
+quick run; ``main-smollm2.json``, the default run of the README's table), laid out in a work_dir as the
+notebooks write them."""
 
 from __future__ import annotations
 
@@ -88,13 +89,16 @@ def test_a_collapsed_models_rise_is_called_collapsed_not_a_gain(tmp_path):
     assert verdicts[0] == "collapsed: not a gain"  # the whole set's row; its halves follow
 
 
-def test_the_cell_says_what_the_readme_table_says(tmp_path):
-    """One code path: every row of the README's table appears, figure for figure, in its notebook's cell."""
-    work_dir = work_dir_of(KEPT, tmp_path)
-    table = results.rows(KEPT)
+@pytest.mark.parametrize("run", ["main-smollm2", "main-tiny"])
+def test_the_cell_says_what_the_docs_table_says(tmp_path, run):
+    """One code path: every row of a kept run's table (the README's, of the default run; docs/LOCAL_MODE.md's,
+    of the quick run) appears, figure for figure, in its notebook's cell."""
+    kept = json.loads((REPO / "docs" / "runs" / f"{run}.json").read_text())
+    work_dir = work_dir_of(kept, tmp_path)
+    table = results.rows(kept)
     assert {row["notebook"] for row in table} >= {"04", "06", "07", "08", "09", "12", "13"}
-    names = {job["notebook"][:2]: job["notebook"] for job in KEPT["jobs"]}
-    names.update({s["notebook"][:2]: s["notebook"] for s in KEPT["training_sessions"]})
+    names = {job["notebook"][:2]: job["notebook"] for job in kept["jobs"]}
+    names.update({s["notebook"][:2]: s["notebook"] for s in kept["training_sessions"]})
     for row in table:
         text = report(names[row["notebook"]], work_dir)
         assert row["what"] in text and row["after"] in text
