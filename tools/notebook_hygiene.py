@@ -176,7 +176,9 @@ def refresh(run_out: Path) -> dict[str, dict[str, list]]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Strip notebook outputs; refresh the outputs nbval checks.")
     parser.add_argument("command", choices=["strip", "refresh"])
-    parser.add_argument("run_out", nargs="?", help="output folder of a main-job run, e.g. outputs/main-tiny (for 'refresh')")
+    parser.add_argument(
+        "run_out", nargs="?", help="output folder of a main-job run, e.g. outputs/main-tiny (for 'refresh')"
+    )
     args = parser.parse_args(argv)
     if args.command == "refresh" and not args.run_out:
         parser.error("refresh needs the output folder of a main-job run, e.g. outputs/main-tiny")
