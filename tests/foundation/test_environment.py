@@ -136,6 +136,12 @@ def test_make_main_passes_the_notebooks_to_run_on():
     assert dry().endswith("--model smollm2 --out outputs/main")  # every notebook, on the real model
     assert dry("ONLY=00 07 08 09 12").endswith("--model smollm2 --out outputs/main --only 00 07 08 09 12")
     assert dry("MODEL=tiny").endswith("--model tiny --out outputs/main-tiny")  # the quick run
+    # python -m tools.run_notebooks alone runs what make main runs, and writes where it writes
+    from tools import run_notebooks
+
+    assert run_notebooks.default_out("smollm2") == Path("outputs/main")
+    assert run_notebooks.default_out("tiny") == Path("outputs/main-tiny")
+    assert run_notebooks.argument_parser().parse_args([]).model == "smollm2"
 
 
 def test_rebuilding_the_main_environment_after_a_real_model_run_passes_pip_check():

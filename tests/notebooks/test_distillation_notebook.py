@@ -7,7 +7,7 @@ the summary; the reverse KL per token falling; and the GRPO run repeating the te
 The session service computes in fp32 and every sample draws from its own seed, so the figures are the
 same in every run, however loaded the machine: the checks below do not depend on its speed.
 
-With ``DISTILLATION_RUN=<out>`` the tests read a finished ``python -m tools.run_notebooks --only 00 08 16
+With ``DISTILLATION_RUN=<out>`` the tests read a finished ``python -m tools.run_notebooks --model tiny --only 00 08 16
 --out <out>``; without it, they run those three notebooks: 00 and 08 take about a minute, 16 took 174 s
 on 2 quiet cores and 1954 s at load average 12-15, hence the hour the first test may take.
 """
