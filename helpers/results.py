@@ -133,6 +133,7 @@ def _row(
         "answers": answers,  # the same in words, with the most common answer (None: not a figure of answers)
         # the verdict in words, for a paired change of answers (None otherwise: the "verdict" cell says it)
         "judged": in_words if "after_answer_diversity" in record else None,
+        "split": None,  # the whole held-out set; a part of it (seen or unseen templates) names itself here
     }
 
 
@@ -165,12 +166,15 @@ def _split_rows(notebook: str, what: str, unit: str, record: dict) -> list[dict]
 
     # the row's first words name the set it is a part of; the table's row above gives the whole set
     return [
-        _paired_row(
-            notebook,
-            f"of which {part.get('n', '?')} of {name} templates (a rise there is {SPLIT_GAIN.get(name, 'of a part of the set')})",
-            unit,
-            part,
-        )
+        {
+            **_paired_row(
+                notebook,
+                f"of which {part.get('n', '?')} of {name} templates (a rise there is {SPLIT_GAIN.get(name, 'of a part of the set')})",
+                unit,
+                part,
+            ),
+            "split": name,
+        }
         for name, part in (record.get("splits") or {}).items()
     ]
 

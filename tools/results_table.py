@@ -2,7 +2,7 @@
 
     python -m tools.results_table outputs/main/summary.json                      # print the table
     python -m tools.results_table outputs/main/summary.json \\
-        --keep docs/runs/main-tiny.json --write README.md                           # what the README shows
+        --keep docs/runs/main-smollm2.json --whole-sets --write README.md          # what the README shows
 
 One row per held-out figure of the run (a figure measured on data the loop never trained on):
 the notebook, what is measured, the figure before and after training with one standard error each,
@@ -15,6 +15,8 @@ the table, a line names the run's model, date and machine.
 removed: the copy in the repository is the source of the README's figures, and
 ``tests/notebooks/test_results_table.py`` checks that the README's table is its rendering.
 ``--times`` renders, instead, each notebook's wall time in its lane (``render_times``).
+``--whole-sets`` leaves out the rows of a held-out set's seen and unseen templates: the README gives the
+whole sets, docs/REAL_MODEL_RUN.md the same run's table with them.
 ``--write`` puts the table between the README's marker comments; ``--check`` exits 1 if the README's
 table differs from the rendering.
 """
@@ -97,8 +99,9 @@ def _cell(text: str) -> str:
     return str(text).replace("|", "\\|").replace("\n", " ")
 
 
-def render(summary: dict, summary_file: Path | None = None) -> str:
-    """The markdown the README shows: the provenance line, then the table."""
+def render(summary: dict, summary_file: Path | None = None, splits: bool = True) -> str:
+    """The markdown the README shows: the provenance line, then the table. ``splits=False`` leaves out the
+    rows of a held-out set's parts (its seen and unseen templates), for a page that gives the whole sets."""
     p = provenance(summary, summary_file)
     m = p.get("machine") or {}
     cores = m.get("cores")
@@ -110,12 +113,15 @@ def render(summary: dict, summary_file: Path | None = None) -> str:
         + (f"; {ran} of {len(notebooks)} notebooks ran" if notebooks else "")
         + ". ± one standard error; a change with ± is paired (the same problems and draws before and after). "
         "A change counts as a gain beyond two of its standard errors, and never when most answers after "
-        "training are one answer (collapsed).",
+        "training are one answer (collapsed)."
+        + ("" if splits else " Whole held-out sets only: their seen and unseen templates apart are left out here."),
         "",
         "| notebook | what is measured | before | after | change | counts? | distinct answers | most common answer's share |",
         "|---|---|---|---|---|---|---|---|",
     ]
     for row in rows(summary):
+        if row["split"] and not splits:
+            continue
         cells = (row[k] for k in ("notebook", "what", "before", "after", "change", "verdict", "distinct", "share"))
         lines.append("| " + " | ".join(_cell(c) for c in cells) + " |")
     return "\n".join(lines) + "\n"
@@ -183,6 +189,11 @@ def main(argv: list[str] | None = None) -> int:
         help="the name in the marker comments <!-- NAME:begin --> ... <!-- NAME:end --> (default: %(default)s)",
     )
     parser.add_argument(
+        "--whole-sets",
+        action="store_true",
+        help="leave out the rows of a held-out set's seen and unseen templates (the README's table)",
+    )
+    parser.add_argument(
         "--times", action="store_true", help="render where the run's time went (render_times), not its results"
     )
     args = parser.parse_args(argv)
@@ -192,7 +203,7 @@ def main(argv: list[str] | None = None) -> int:
         summary = kept_copy(summary, args.summary)
         args.keep.parent.mkdir(parents=True, exist_ok=True)
         args.keep.write_text(json.dumps(summary, indent=1, ensure_ascii=False) + "\n")
-    block = render_times(summary) if args.times else render(summary, args.summary)
+    block = render_times(summary) if args.times else render(summary, args.summary, splits=not args.whole_sets)
     if args.check:
         if between_markers(args.check.read_text(), begin, end) != block:
             print(f"{args.check}: the results table is not the rendering of {args.summary}", file=sys.stderr)
