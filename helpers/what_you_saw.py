@@ -171,10 +171,20 @@ def _session(session: dict) -> list[str]:
 
 
 def _spot(spot: dict) -> list[str]:
-    return [
+    lines = [
         f"managed spot job {spot.get('job_name')}: resumed from the checkpoint of step {spot.get('resumed_from_step')}, "
         f"{spot.get('savings_percent')} % saved against on-demand ({spot.get('note') or 'as billed'})"
     ]
+    if "checkpoint_mb" in spot:
+        lines.append(spot_checkpoints(spot))
+    return lines
+
+
+def spot_checkpoints(spot: dict) -> str:
+    """What became of the spot job's checkpoints (notebook 5's clean-up cell), as the notebook and the
+    main job's summary say it."""
+    done = "deleted once the job completed" if spot.get("checkpoints_deleted") else "kept"
+    return f"its checkpoints in S3: {spot['checkpoint_mb']:.0f} MB, {done}"
 
 
 def _win_rate(teacher: dict) -> list[str]:

@@ -113,6 +113,15 @@ class Storage:
         path = self.s3_path(bucket, key)
         if path.is_file():
             path.unlink()
+        # S3 has no folders: a prefix whose last object went is gone from listings, so its folder goes too
+        bucket_dir = self.root / "s3" / bucket
+        for parent in path.parents:
+            if parent == bucket_dir or bucket_dir not in parent.parents:
+                break
+            try:
+                parent.rmdir()  # only while empty: another object under the prefix keeps it
+            except OSError:
+                break
 
     def mirror_bucket(self, bucket: str) -> None:
         (self.root / "s3" / bucket).mkdir(parents=True, exist_ok=True)

@@ -31,6 +31,7 @@ from pathlib import Path
 from jupyter_client.manager import KernelManager
 
 from helpers.results import curve_ends, recorded
+from helpers.what_you_saw import spot_checkpoints
 from local_mode import session_service
 from local_mode.jobs import hosts as hostlib
 from tools import disk_space
@@ -957,7 +958,8 @@ def render_markdown(summary: dict) -> str:
             "## Managed spot",
             "",
             f"- {s.get('job_name')}: resumed from step {s.get('resumed_from_step')}, "
-            f"savings {s.get('savings_percent')}% ({s.get('note', '')})",
+            f"savings {s.get('savings_percent')}% ({s.get('note', '')})"
+            + (f"; {spot_checkpoints(s)}" if "checkpoint_mb" in s else ""),
         ]
     lines += render_teacher_and_judge(summary.get("teacher_and_judge") or {})
     lines += training_sessions.render(summary.get("training_sessions") or [])

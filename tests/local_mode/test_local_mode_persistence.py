@@ -213,6 +213,25 @@ LAZY_KERNEL = textwrap.dedent(
 )
 
 
+def test_s3_deletes_leave_no_file_or_empty_folder_on_disk(local_session):
+    """A deleted object goes from the disk mirror, and so does a folder its prefix left empty (S3 has none
+    to keep; notebook 05 deletes its checkpoints so): a prefix with objects left keeps its folder."""
+    import local_mode
+
+    s3 = local_session.boto_session.client("s3")
+    bucket = local_session.default_bucket()
+    keys = ["fixture/ckpt/step_1/model.pt", "fixture/ckpt/step_1/optimizer.pt", "fixture/ckpt/step_2/model.pt"]
+    for key in keys + ["fixture/kept.txt"]:
+        s3.put_object(Bucket=bucket, Key=key, Body=b"x")
+    mirror = local_mode.active_root() / "s3" / bucket / "fixture"
+    s3.delete_object(Bucket=bucket, Key=keys[2])
+    assert not (mirror / "ckpt" / "step_2").exists() and (mirror / "ckpt" / "step_1" / "model.pt").is_file()
+    s3.delete_objects(Bucket=bucket, Delete={"Objects": [{"Key": k} for k in keys[:2]], "Quiet": True})
+    assert not (mirror / "ckpt").exists()
+    assert (mirror / "kept.txt").read_bytes() == b"x"
+    assert s3.list_objects_v2(Bucket=bucket, Prefix="fixture/ckpt/").get("KeyCount") == 0
+
+
 def test_a_later_kernel_loads_each_s3_object_when_it_is_read(local_session, tmp_path):
     """A kernel starts without loading S3 from disk (a run of the real model leaves GBs of models there,
     which each kernel copied before): each object loads at its first read, a listing loads its prefix."""

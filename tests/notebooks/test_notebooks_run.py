@@ -260,6 +260,19 @@ def test_spot_job_was_interrupted_and_resumed_from_a_checkpoint(notebook_run):
     assert 0 < spot["savings_percent"] < 100
 
 
+def test_spot_job_checkpoints_are_deleted_from_s3_once_it_completed(notebook_run):
+    """They served the resume; the completed job's model is in its archive, and S3 bills what it keeps."""
+    (job,) = notebook_run.jobs("05")
+    spot = notebook_run.state["spot"]
+    assert spot["checkpoints_deleted"] is True and spot["checkpoint_mb"] > 0
+    request = json.loads((notebook_run.local_root / "jobs" / f"{job['job_name']}.json").read_text())
+    bucket, _, prefix = request["CheckpointConfig"]["S3Uri"].removeprefix("s3://").partition("/")
+    left = [p for p in (notebook_run.local_root / "s3" / bucket / prefix).rglob("*") if p.is_file()]
+    assert left == []
+    said = f"its checkpoints in S3: {spot['checkpoint_mb']:.0f} MB, deleted once the job completed"
+    assert said in (notebook_run.out / "summary.md").read_text()
+
+
 def test_live_view_printed_progress_in_plain_text(notebook_run):
     nb = nbformat.read(str(notebook_run.out / "notebooks" / "03_boto3_grpo.ipynb"), as_version=4)
     text = "".join(o.get("text", "") for c in nb.cells if c.cell_type == "code" for o in c.outputs)
