@@ -167,13 +167,15 @@ SMOLLM2_PARAMETERS = {
     # base model, which solves some of them (notebook 9 trains the same problems on a training session).
     # A completion ends at its program's closing fence. Held out: the 32 test problems, 2 answers each at
     # temperature 1, the same seeds before and after (4 each measured +0.55 +- 0.06: 2 keep that far
-    # beyond its error and halve the two evaluation jobs).
+    # beyond its error and halve the two evaluation jobs). 5 steps: on a CPU without bf16 (fp32) 8 steps
+    # took 2476 s of the whole run's 107 minutes for +0.53 +- 0.07 (7.9 s.e.); 5 took 2002 s, the first
+    # beside notebook 15, for +0.42 +- 0.07 (5.9 s.e.).
     "04": {
         "start_from": "base",
         "data_set": "functions",
         "learning_rate": 5e-5,
         "format_reward_weight": 0.0,
-        "max_steps": 8,
+        "max_steps": 5,
         "prompts_per_step": 4,
         "group_size": 6,
         # A pass holds every layer's activations and its logits over the vocabulary until its backward, about
@@ -260,16 +262,18 @@ SMOLLM2_PARAMETERS = {
     },
     # Multi-turn RL with the Python tool on a training session, from the base model, on the offline
     # "arithmetic" set (the easy set's sums and differences with three-digit numbers: SmolLM2 answers none of
-    # them right in its head). 4 supervised warm-up steps on demonstrations of the training problems show it
-    # the shape of a tool call (the cloud's instruct models know it), then 08's RL settings. Held out: the 32
-    # test problems, 2 episodes each at temperature 1, with the tool and without it.
-    # Measured on 6 December (docs/REAL_MODEL_RUN.md): after the warm-up it called the tool 0.31 times an
-    # episode and answered 0.05 right; 8 RL steps took that to 1.73 calls and 0.77 (+0.72 +- 0.07), the unseen
-    # wordings +0.84 +- 0.09, in 567 s. A turn stops at its program's closing fence: without that, 601 s and
-    # 0.05 -> 0.80. Trials on a draft of the set: after 8 warm-up steps it answered 0.97 before any RL step;
-    # after 5, RL gained on the seen wordings only. 6 RL steps instead of 8 (no stop) took as long (613 s) and
-    # ended with more failed tool calls (0.14 an episode). On the easy set (single digits) the tool was worth
-    # little: RL raised its calls but no accuracy beyond noise.
+    # them right in its head). 4 supervised warm-up steps on 32 demonstrations each show it the shape of a
+    # tool call (the cloud's instruct models know it), then 8 RL steps of 6 problems x 6 episodes. Held out:
+    # the 32 test problems, 1 episode each at temperature 1, with the tool and without it.
+    # The run of the README's table (7 December, fp32: no bf16 on that CPU), with 2 held-out episodes a
+    # problem: 1351 s, +0.86 +- 0.04 (21 s.e.). On 6 December, with bf16: 567 s, calls 0.31 -> 1.73 an
+    # episode, accuracy 0.05 -> 0.77. Smaller RL batches were faster and less steady (docs/REAL_MODEL_RUN.md,
+    # "Measured since that run"): 6 steps of 4 problems, 684 s and +0.69 +- 0.08, but 0.22 failed tool calls
+    # an episode after training; 8 such steps, +0.44 +- 0.11 and 1.6 calls an episode; warm-up batches of 16,
+    # RL took the format reward without the tool. A turn stops at its program's closing fence: without that,
+    # 601 s and 0.05 -> 0.80. Trials on a draft of the set: after 8 warm-up steps it answered 0.97 before
+    # any RL step; after 5, RL gained on the seen wordings only. On the easy set (single digits) the tool
+    # was worth little: RL raised its calls but no accuracy beyond noise.
     "15": {
         "base_model": "local/smollm2-135m-instruct",
         "data_set": "arithmetic",
@@ -286,7 +290,7 @@ SMOLLM2_PARAMETERS = {
         "warmup_steps": 4,
         "warmup_learning_rate": 5e-4,
         "held_out_problems": 32,
-        "held_out_samples": 2,
+        "held_out_samples": 1,
         "held_out_temperature": 1.0,
     },
     # DPO on a training session (LoRA; the session trains on one core): few pairs a step, since every
