@@ -199,8 +199,9 @@ def test_session_code_rl_on_the_real_model_raises_the_held_out_solve_rate_beyond
 def test_job_code_rl_on_the_real_model_raises_the_held_out_solve_rate_beyond_its_noise(smollm2_run):
     """Code RL in a training job (notebook 04, all weights) on functions to complete, as HumanEval poses
     them, from the base model. Held out: the 32 test problems x 2 answers at temperature 1, the same seeds
-    before and after, in two evaluate.py jobs. Measured with the profile's sizes (8 steps, the training job
-    in bf16): 0.14 +- 0.04 -> 0.56 +- 0.07, a paired change of +0.42 +- 0.08 (in fp32: +0.53 +- 0.07)."""
+    before and after, in two evaluate.py jobs. Measured with 8 steps, the training job in bf16: 0.14 +- 0.04
+    -> 0.56 +- 0.07, a paired change of +0.42 +- 0.08 (in fp32: +0.53 +- 0.07); with the profile's 5 steps
+    in fp32: 0.14 +- 0.04 -> 0.56 +- 0.07, +0.42 +- 0.07 (5.9 s.e.)."""
     held_out = smollm2_run.summary["code_rl_evaluation"]
     assert held_out["data_set"] == "functions" and held_out["examples"] == PROFILE["04"]["eval_examples"]
     assert held_out["samples_per_example"] == PROFILE["04"]["eval_samples"] and held_out["temperature"] == 1.0
