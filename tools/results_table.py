@@ -14,7 +14,9 @@ the table, a line names the run's model, date and machine.
 ``--keep`` stores a copy of the summary with that provenance added and this machine's absolute paths
 removed: the copy in the repository is the source of the README's figures, and
 ``tests/notebooks/test_results_table.py`` checks that the README's table is its rendering.
-``--times`` renders, instead, each notebook's wall time in its lane (``render_times``).
+``--times`` renders, instead, each notebook's wall time in its lane (``render_times``); ``--curves`` what
+each loop's curves did, first quarter of the steps against the last, as the run's summary says it
+(``render_curves``).
 ``--whole-sets`` leaves out the rows of a held-out set's seen and unseen templates: the README gives the
 whole sets, docs/REAL_MODEL_RUN.md the same run's table with them.
 ``--write`` puts the table between the README's marker comments; ``--check`` exits 1 if the README's
@@ -154,6 +156,28 @@ def render_times(summary: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def render_curves(summary: dict) -> str:
+    """What each loop's curves did in a run, as its summary says it: every training job's curve (the mean of
+    the first quarter of the steps -> the last quarter, and whether it moved the way it should), then each
+    training session's lines without its billing."""
+    from tools.run_notebooks import render_curve
+
+    p = provenance(summary)
+    m = p.get("machine") or {}
+    lines = [
+        f"Model `{p['model']}`, run of {p['date']} on {m.get('cpu', 'unknown CPU')}"
+        + (f", {m['cores']} cores" if m.get("cores") else "")
+        + ". Training jobs, the mean of the first quarter of the steps -> the last quarter:",
+        "",
+        *(render_curve(c) for c in summary.get("curves") or []),
+    ]
+    sessions = session_notebooks.render(summary.get("training_sessions") or [])
+    if sessions:
+        lines += ["", "Training sessions:", ""]
+        lines += [line for line in sessions[3:] if not line.startswith("  - billable tokens:")]
+    return "\n".join(lines) + "\n"
+
+
 def replace_between_markers(text: str, block: str, begin: str = BEGIN, end: str = END) -> str:
     """``text`` with what lies between the marker comments ``begin`` and ``end`` replaced by ``block``:
     every generated part of the docs is written this way (this table, BENCHMARKS' sections)."""
@@ -196,6 +220,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--times", action="store_true", help="render where the run's time went (render_times), not its results"
     )
+    parser.add_argument(
+        "--curves", action="store_true", help="render what each loop's curves did (render_curves), not its results"
+    )
     args = parser.parse_args(argv)
     begin, end = markers(args.markers)
     summary = json.loads(args.summary.read_text())
@@ -203,7 +230,12 @@ def main(argv: list[str] | None = None) -> int:
         summary = kept_copy(summary, args.summary)
         args.keep.parent.mkdir(parents=True, exist_ok=True)
         args.keep.write_text(json.dumps(summary, indent=1, ensure_ascii=False) + "\n")
-    block = render_times(summary) if args.times else render(summary, args.summary, splits=not args.whole_sets)
+    if args.times:
+        block = render_times(summary)
+    elif args.curves:
+        block = render_curves(summary)
+    else:
+        block = render(summary, args.summary, splits=not args.whole_sets)
     if args.check:
         if between_markers(args.check.read_text(), begin, end) != block:
             print(f"{args.check}: the results table is not the rendering of {args.summary}", file=sys.stderr)

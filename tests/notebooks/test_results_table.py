@@ -72,6 +72,60 @@ def test_real_model_docs_give_where_the_default_runs_time_went():
     )
 
 
+@pytest.mark.parametrize(("markers", "render"), [("tiny-curves", "render_curves"), ("tiny-times", "render_times")])
+def test_local_mode_docs_give_the_quick_runs_curves_and_times_as_rendered(markers, render):
+    """docs/LOCAL_MODE.md says what the quick run's curves did and where its time went in blocks rendered
+    from the same kept run as its table, never in figures typed by hand."""
+    kept = json.loads((REPO / "docs" / "runs" / "main-tiny.json").read_text())
+    begin, end = results_table.markers(markers)
+    shown = results_table.between_markers((REPO / "docs" / "LOCAL_MODE.md").read_text(), begin, end)
+    assert shown == getattr(results_table, render)(kept), (
+        f"regenerate it: python -m tools.results_table docs/runs/main-tiny.json --{render.split('_')[1]} "
+        f"--markers {markers} --write docs/LOCAL_MODE.md"
+    )
+
+
+def test_render_curves_gives_each_jobs_curve_and_each_sessions_lines_without_billing():
+    summary = {
+        **SUMMARY,
+        "curves": [
+            {
+                "notebook": "01_estimator_sft",
+                "metric": "loss",
+                "should": "falls",
+                "no_direction": None,
+                "holds": True,
+                "first": 5.08,
+                "last": 1.92,
+                "max": 6.9,
+                "steps": 80,
+            },
+            {
+                "notebook": "03_boto3_grpo",
+                "metric": "reward",
+                "should": "rises",
+                "no_direction": None,
+                "holds": False,
+                "first": 0.5,
+                "last": 0.4,
+                "max": 0.6,
+                "steps": 16,
+            },
+        ],
+    }
+    summary["training_sessions"] = [
+        {**s, "session": "s-1", "status": "Stopped", "steps": 8, "billable_tokens": {"training": 9}}
+        for s in summary["training_sessions"]
+        if s["notebook"] == "07_training_session_sft"
+    ]
+    lines = results_table.render_curves(summary).splitlines()
+    assert lines[0].startswith("Model `tiny`, run of 2025-01-02 on Some CPU @ 2GHz, 2 cores.")
+    assert "- 01_estimator_sft: loss 5.08 -> 1.92 over 80 steps: falls, as expected" in lines
+    assert "- 03_boto3_grpo: reward 0.5 -> 0.4 over 16 steps: expected to rise, and it did not" in lines
+    assert "  - held-out loss per answer token 6.884 ± 0.012 -> 6.023 ± 0.030 (19 conversations)" in lines
+    assert not any("billable" in line for line in lines)
+
+
 def test_readme_gives_the_time_of_the_tables_run():
     minutes = json.loads(KEPT.read_text())["seconds"] / 60
     assert f"| `make main` | {minutes:.0f} min in the run of the table below" in README.read_text(), (
