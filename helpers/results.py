@@ -219,6 +219,29 @@ def rows(figures: dict) -> list[dict]:
             found.append(
                 _paired_row(_notebook(job.get("notebook"), "02"), what, "share of pairs", record, answers=False)
             )
+        if number(final.get("eval_conversation_loss_change")) is not None:  # sft.py's last held-out evaluation
+            what = (
+                f"SFT (training job): held-out loss per answer token, {int(final.get('eval_conversations', 0)) or '?'} "
+                "conversations (lower is better): the starting model -> the SFT model"
+            )
+            record = {
+                "before": final.get("eval_conversation_loss_before"),
+                "before_standard_error": final.get("eval_conversation_loss_before_se"),
+                "after": final.get("eval_conversation_loss"),
+                "after_standard_error": final.get("eval_conversation_loss_se"),
+                "change": final.get("eval_conversation_loss_change"),
+                "change_standard_error": final.get("eval_conversation_loss_change_se"),
+            }
+            found.append(
+                _paired_row(
+                    _notebook(job.get("notebook"), "01"),
+                    what,
+                    "nats per answer token",
+                    record,
+                    answers=False,
+                    lower_is_better=True,
+                )
+            )
     evaluation = figures.get("evaluation") or {}
     base, trained = evaluation.get("base") or {}, evaluation.get("trained") or {}
     paired = evaluation.get("held_out_change") or {}  # notebook 6's paired change, where the run kept one

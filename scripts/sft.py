@@ -38,7 +38,11 @@ SageMaker's PyTorch/Hugging Face images: ``common/checkpoints.py``); a restarted
 the newest one. The final model goes to
 ``SM_MODEL_DIR`` (LoRA merged), metrics to stdout and ``$SM_OUTPUT_DATA_DIR/metrics.jsonl``:
 ``loss lr grad_norm tokens epoch`` (+ ``eval_loss`` at the end and every ``--eval_every`` steps
-when a ``test`` channel is given).
+when a ``test`` channel is given). With a ``test`` channel the job also scores the starting model, at
+step 0, and every evaluation gives the held-out loss per answer token of each test conversation:
+``eval_conversation_loss`` (their mean) with ``_se`` (its standard error over conversations), and the
+change from the starting model on the same conversations, ``eval_conversation_loss_change`` with ``_se``
+(paired), beside the starting model's ``eval_conversation_loss_before`` with ``_se``.
 """
 
 from __future__ import annotations
@@ -50,7 +54,7 @@ from typing import Literal
 
 import torch
 import torch.nn.functional as F
-from common import checkpoints, contract, data, distributed, lm_loss, models
+from common import checkpoints, contract, data, distributed, lm_loss, models, stats
 from common.contract import UserError, option
 from common.lm_loss import IGNORE_INDEX  # label of positions that carry no loss (prompt, padding)
 from common.training_run import TrainingRun
@@ -221,22 +225,67 @@ def batch_loss_sum(model, batch: dict[str, torch.Tensor], loss_chunk_tokens: int
     return token_loss_sum(logits, batch["labels"])
 
 
+def conversation_loss_sums(model, batch: dict[str, torch.Tensor], loss_chunk_tokens: int) -> torch.Tensor:
+    """Each row's sum of next-token cross-entropies over its target positions, and how many there are:
+    shape (rows, 2), from one forward of the micro-batch (FSDP's learners must run as many as each other)."""
+    labels = batch["labels"]
+    if loss_chunk_tokens:
+        hidden = lm_loss.final_hidden_states(model, batch["input_ids"], batch["attention_mask"])
+        head = lm_loss.output_head(model)
+        rows = [
+            lm_loss.chunked_token_loss_sum(hidden[r : r + 1], head, labels[r : r + 1], loss_chunk_tokens)
+            for r in range(labels.size(0))
+        ]
+        return torch.tensor([[float(loss), float(count)] for loss, count in rows], dtype=torch.float64)
+    logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+    shifted_labels = labels[:, 1:]
+    losses = F.cross_entropy(
+        logits[:, :-1, :].float().transpose(1, 2), shifted_labels, ignore_index=IGNORE_INDEX, reduction="none"
+    )
+    return torch.stack([losses.sum(1), (shifted_labels != IGNORE_INDEX).sum(1)], dim=1).double().cpu()
+
+
 def evaluate(
     model, examples: list[dict], learners, micro_batch_size: int, pad_token_id: int, loss_chunk_tokens: int = 0
-) -> float:
-    """Mean loss over every assistant token of the test set (the learners share the work)."""
+) -> torch.Tensor:
+    """Each test conversation's loss sum over its assistant tokens and their number, shape (conversations,
+    2): the learners share the work and each gets the whole table."""
     model.eval()
-    totals = torch.zeros(2, dtype=torch.float64)  # loss sum, target tokens
+    table = torch.zeros(len(examples), 2, dtype=torch.float64)
     with torch.no_grad():
         for indices, counted in data.evaluation_batches(len(examples), learners, micro_batch_size):
             batch = collate([examples[i] for i in indices], pad_token_id, learners.device)
             with distributed.autocast(learners):
-                loss_sum, count = batch_loss_sum(model, batch, loss_chunk_tokens)
+                sums = conversation_loss_sums(model, batch, loss_chunk_tokens)
             if counted:
-                totals += torch.tensor([loss_sum.item(), count.item()], dtype=torch.float64)
+                table[indices] = sums
     model.train()
-    loss_sum, count = distributed.all_reduce_sum(totals, learners).tolist()
-    return loss_sum / max(count, 1)
+    return distributed.all_reduce_sum(table, learners).cpu()
+
+
+def held_out_metrics(table: torch.Tensor, before: list[float] | None) -> tuple[dict, list[float]]:
+    """The metrics of one evaluation (``evaluate``'s table), and each conversation's loss per answer token.
+    ``eval_loss`` weighs every answer token alike; ``eval_conversation_loss`` every conversation alike, so
+    its standard error is over conversations, and its change from ``before`` (the starting model's losses
+    of the same conversations) is paired. Conversations left without an answer token count in neither."""
+    answered = table[:, 1] > 0
+    per_conversation = (table[answered, 0] / table[answered, 1]).tolist()
+    record = {"eval_loss": table[:, 0].sum().item() / max(table[:, 1].sum().item(), 1)}
+    if not per_conversation:
+        return record, per_conversation
+    loss, loss_se = stats.mean_and_standard_error(per_conversation)
+    record |= {
+        "eval_conversation_loss": loss,
+        "eval_conversation_loss_se": loss_se,
+        "eval_conversations": len(per_conversation),
+    }
+    if before:
+        record["eval_conversation_loss_before"], record["eval_conversation_loss_before_se"] = (
+            stats.mean_and_standard_error(before)
+        )
+        change, change_se = stats.paired_change(before, per_conversation)
+        record.update(eval_conversation_loss_change=change, eval_conversation_loss_change_se=change_se)
+    return record, per_conversation
 
 
 # --------------------------------------------------------------------------- model
@@ -292,6 +341,14 @@ def train(args: SFTArgs, learners: distributed.Learners) -> bool:
     # ---- resume after a spot interruption or a restart, from the newest whole checkpoint
     run = TrainingRun(args, learners, model, optimizer, scheduler, batch_order, trainable_only=args.lora_r > 0)
     logger = run.start()
+    # ---- the starting model on the test set (step 0), kept in every checkpoint for the paired change
+    held_out_before = run.resumed.get("held_out_before") if run.resumed else None
+    if test_examples and run.start_step == 0:
+        table = evaluate(
+            model, test_examples, learners, args.per_device_batch_size, tokenizer.pad_token_id, args.loss_chunk_tokens
+        )
+        record, held_out_before = held_out_metrics(table, None)
+        logger.log(0, record)
     log.info(
         "training steps %d..%d: %d conversations a step, %d micro-batches of %d on each of %d processes",
         run.start_step + 1,
@@ -340,7 +397,7 @@ def train(args: SFTArgs, learners: distributed.Learners) -> bool:
                 "epoch": batch_order.epoch,
             }
             if evaluate_now:
-                record["eval_loss"] = evaluate(
+                table = evaluate(
                     model,
                     test_examples,
                     learners,
@@ -348,10 +405,11 @@ def train(args: SFTArgs, learners: distributed.Learners) -> bool:
                     tokenizer.pad_token_id,
                     args.loss_chunk_tokens,
                 )
+                record.update(held_out_metrics(table, held_out_before)[0])
             logger.log(step, record)
 
         # ---- checkpoints by steps/minutes; on SIGTERM save and stop (the restarted job resumes here)
-        if run.end_step(step):
+        if run.end_step(step, held_out_before=held_out_before):
             return False
 
     run.finish(tokenizer)

@@ -311,6 +311,26 @@ def test_sft_loss_falls(notebook_run):
     assert last < 0.5 * first, (first, last)
 
 
+@pytest.mark.parametrize("prefix", ["01", "11"])
+def test_sft_job_scores_the_held_out_conversations_before_its_first_step_and_after_its_last(notebook_run, prefix):
+    """Notebook 01's and 11's held-out lesson: the loss per answer token of test conversations the job never
+    trains on, the starting model's at step 0 and the SFT model's after the last step, paired."""
+    from helpers.results import recorded, rows
+
+    (job,) = notebook_run.jobs(prefix)
+    scored = [r for r in run_notebooks.job_metrics(notebook_run.out, job) if "eval_conversation_loss" in r]
+    before, after = scored[0], scored[-1]
+    assert [before["step"], after["step"]] == [0, run_notebooks.CI_PARAMETERS[prefix]["max_steps"]]
+    assert after["eval_conversation_loss_before"] == pytest.approx(before["eval_conversation_loss"], rel=1e-3)
+    assert after["eval_conversation_loss"] < before["eval_conversation_loss"], (before, after)
+    (row,) = [
+        r
+        for r in rows(recorded(notebook_run.out / "work"))
+        if r["what"].startswith("SFT (training job)") and r["notebook"] == prefix
+    ]
+    assert row["verdict"] == "gain", row  # the loss fell beyond two standard errors of its paired change
+
+
 def test_dpo_learns_to_prefer_the_chosen_answers(notebook_run):
     accuracies, margins = (
         _curve(notebook_run, "02", "rewards_accuracies"),

@@ -70,6 +70,16 @@ def test_sft_loss_on_the_chat_data_falls(smollm2_run, prefix):
     assert last < 0.6 * first, losses
 
 
+@pytest.mark.parametrize("prefix", ["01", "11"])
+def test_sft_job_lowers_the_held_out_loss_per_answer_token_beyond_its_error(smollm2_run, prefix):
+    """The lesson of 01 and 11 on conversations the job never trains on: the starting model's loss per answer
+    token, scored before the first step, against the SFT model's after the last, paired over conversations."""
+    (job,) = smollm2_run.jobs(prefix)
+    final = job["final_metrics"]
+    change, error = final["eval_conversation_loss_change"], final["eval_conversation_loss_change_se"]
+    assert error > 0 and -change > stats.GAIN_STANDARD_ERRORS * error, final
+
+
 def test_dpo_preference_accuracy_and_margin_rise(smollm2_run):
     accuracies, margins = (
         _curve(smollm2_run, "02", "rewards_accuracies"),

@@ -67,20 +67,32 @@ def test_script_runs_through_the_container_contract(
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
 
     lines = _metric_lines(result.stdout)
-    # dpo.py also scores the test pairs before its first step, as step 0: the starting model's preferences
-    logged_steps = [0, 1, 2, 3] if script == "dpo.py" else [1, 2, 3]
-    assert [int(line.split()[0][5:]) for line in lines] == logged_steps
+    # both score the test set before their first step, as step 0: the starting model's preferences, or its
+    # held-out loss per answer token, which the last evaluation's paired change starts from
+    assert [int(line.split()[0][5:]) for line in lines] == [0, 1, 2, 3]
+    before, *lines = lines
+    assert METRIC_LINE.match(before), before
     if script == "dpo.py":
-        before, *lines = lines
-        assert METRIC_LINE.match(before) and "eval_likelihood_accuracy=" in before, before
+        assert "eval_likelihood_accuracy=" in before, before
         assert "eval_rewards_accuracies=0 " in before, before  # the policy is the reference: every reward is 0
+    else:
+        assert _value(before, "eval_conversation_loss") > 0 and "_change" not in before, before
+        last = lines[-1]
+        # the last evaluation gives the starting model's figure again, and the change from it
+        assert _value(last, "eval_conversation_loss_before") == pytest.approx(
+            _value(before, "eval_conversation_loss"), rel=1e-3
+        )
+        assert _value(last, "eval_conversation_loss_change") == pytest.approx(
+            _value(last, "eval_conversation_loss") - _value(last, "eval_conversation_loss_before"), abs=1e-3
+        )
+        assert _value(last, "eval_conversation_loss_change_se") > 0
     for line in lines:
         assert METRIC_LINE.match(line), line
         for name in names:
             _value(line, name)
     assert "eval_loss=" in lines[-1] and "eval_loss=" not in lines[-2]  # the test channel, scored at the end
     records = read_metrics(tmp_path)
-    assert [r["step"] for r in records] == logged_steps
+    assert [r["step"] for r in records] == [0, 1, 2, 3]
     assert records[-1]["loss"] == pytest.approx(_value(lines[-1], "loss"), rel=1e-3)
     assert "progress: step 3/3" in result.stdout
     assert (tmp_path / "checkpoints" / "step_00000002" / "manifest.json").is_file()  # $SAGEMAKER_BASE_DIR/checkpoints
