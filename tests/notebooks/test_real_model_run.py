@@ -73,7 +73,9 @@ def test_sft_loss_on_the_chat_data_falls(smollm2_run, prefix):
 @pytest.mark.parametrize("prefix", ["01", "11"])
 def test_sft_job_lowers_the_held_out_loss_per_answer_token_beyond_its_error(smollm2_run, prefix):
     """The lesson of 01 and 11 on conversations the job never trains on: the starting model's loss per answer
-    token, scored before the first step, against the SFT model's after the last, paired over conversations."""
+    token, scored before the first step, against the SFT model's after the last, paired over conversations.
+    Measured with the profile's sizes, in a run of 00, 01 and 11 (fp32, 8 steps each): 1.044 +- 0.077 ->
+    0.265 +- 0.056 nats on 32 conversations, a paired change of -0.78 +- 0.09 (8.7 s.e.), the same in both."""
     (job,) = smollm2_run.jobs(prefix)
     final = job["final_metrics"]
     change, error = final["eval_conversation_loss_change"], final["eval_conversation_loss_change_se"]
