@@ -242,6 +242,31 @@ def rows(figures: dict) -> list[dict]:
                     lower_is_better=True,
                 )
             )
+        if number(final.get("eval_format_share_change")) is not None:  # sft.py's answers at its last step
+            what = (
+                f"SFT (training job): held-out answers in the taught format, "
+                f"{int(final.get('eval_format_conversations', 0)) or '?'} prompts, greedy: the starting model -> "
+                "the SFT model"
+            )
+            record = {
+                "before": final.get("eval_format_share_before"),
+                "before_standard_error": final.get("eval_format_share_before_se"),
+                "after": final.get("eval_format_share"),
+                "after_standard_error": final.get("eval_format_share_se"),
+                "change": final.get("eval_format_share_change"),
+                "change_standard_error": final.get("eval_format_share_change_se"),
+                # the figures of common.stats.answer_diversity a metric line carries (not the answers' text)
+                **{
+                    f"{when}_answer_diversity": {
+                        "distinct_answers": final.get(f"eval_distinct_answers{suffix}"),
+                        "most_common_share": final.get(f"eval_most_common_share{suffix}"),
+                    }
+                    for when, suffix in (("before", "_before"), ("after", ""))
+                },
+            }
+            found.append(
+                _paired_row(_notebook(job.get("notebook"), "01"), what, "share of answers in the format", record)
+            )
     evaluation = figures.get("evaluation") or {}
     base, trained = evaluation.get("base") or {}, evaluation.get("trained") or {}
     paired = evaluation.get("held_out_change") or {}  # notebook 6's paired change, where the run kept one
@@ -276,7 +301,14 @@ def rows(figures: dict) -> list[dict]:
             )
         held_out = s.get("held_out")
         if held_out:
-            kind = {"08": "GRPO", "09": "code RL", "14": "08's model served", "15": "tool RL", "16": "distillation"}
+            kind = {
+                "07": "SFT",
+                "08": "GRPO",
+                "09": "code RL",
+                "14": "08's model served",
+                "15": "tool RL",
+                "16": "distillation",
+            }
             kind = kind.get(notebook, "RL")
             measure = held_out.get("measure") or ("solve rate" if notebook == "09" else "accuracy")
             what = (
@@ -290,7 +322,10 @@ def rows(figures: dict) -> list[dict]:
                 without = s.get("without_tool") or {}
                 if "accuracy" in without:  # what the tool is worth: the same problems, before training, no tool
                     what += f"; without the tool, before: {without['accuracy']:.3f} ± {without['standard_error']:.3f}"
-            unit = "share of answers that pass every test" if measure == "solve rate" else "share of answers right"
+            unit = {
+                "solve rate": "share of answers that pass every test",
+                "share of answers in the taught format": "share of answers in the format",
+            }.get(measure, "share of answers right")
             found.append(_paired_row(notebook, what, unit, held_out))
             found += _split_rows(notebook, what, unit, held_out)
         preference = s.get("preference") or {}

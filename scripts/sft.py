@@ -43,6 +43,12 @@ step 0, and every evaluation gives the held-out loss per answer token of each te
 ``eval_conversation_loss`` (their mean) with ``_se`` (its standard error over conversations), and the
 change from the starting model on the same conversations, ``eval_conversation_loss_change`` with ``_se``
 (paired), beside the starting model's ``eval_conversation_loss_before`` with ``_se``.
+At step 0 and at the last step the model also answers the test prompts whose reference answer teaches a
+format (a final ``#### <number>`` line, one fenced program: ``environments/taught_format.py``), greedily,
+at most ``--answer_max_tokens`` tokens: ``eval_format_share`` with ``_se`` is the share of answers in that
+format over ``eval_format_conversations``, ``eval_format_share_change`` with ``_se`` the paired change from
+the starting model's ``eval_format_share_before``, and ``eval_distinct_answers`` and
+``eval_most_common_share`` (each also ``_before``) say whether the answers collapsed into one.
 """
 
 from __future__ import annotations
@@ -54,15 +60,18 @@ from typing import Literal
 
 import torch
 import torch.nn.functional as F
-from common import checkpoints, contract, data, distributed, lm_loss, models, stats
+from common import checkpoints, contract, data, distributed, generation, lm_loss, models, stats
 from common.contract import UserError, option
 from common.lm_loss import IGNORE_INDEX  # label of positions that carry no loss (prompt, padding)
 from common.training_run import TrainingRun
+from environments import taught_format
 from transformers import get_cosine_schedule_with_warmup
 
 log = logging.getLogger("sft")
 
 ROLES = ("system", "user", "assistant")
+# Held-out prompts per generate call and learner: the answers are short, and one call steps them all at once.
+ANSWER_BATCH_SIZE = 32
 
 
 @dataclass
@@ -93,6 +102,12 @@ class SFTArgs(contract.TrainingArgs):
         "copies) never exist at once; 0 = all tokens at once",
     )
     eval_every: int = option(0, "with a 'test' channel: eval_loss every N steps; 0 = at the end only")
+    answer_max_tokens: int = option(
+        256,
+        "with a 'test' channel: at step 0 and at the last step, greedy answers of at most this many tokens to "
+        "the test prompts, checked for the format their reference answer teaches (the offline set's references "
+        "take at most 42 SmolLM2 tokens); 0 = no answers",
+    )
     lora_r: int = option(0, "LoRA rank; 0 trains all weights")
     lora_alpha: int = option(32, "LoRA scaling numerator")
     lora_dropout: float = option(0.05, "dropout on LoRA inputs")
@@ -101,6 +116,11 @@ class SFTArgs(contract.TrainingArgs):
     def validate(self, world_size: int) -> None:
         super().validate(world_size)
         contract.require_at_least_one(self, "batch_size", "per_device_batch_size", "max_length")
+        if self.answer_max_tokens < 0:
+            raise UserError(
+                f"--answer_max_tokens {self.answer_max_tokens} cannot be negative: give 0 (no held-out answers) "
+                f"or the most tokens an answer may take, such as 256."
+            )
         if self.loss_chunk_tokens < 0:
             raise UserError(
                 f"--loss_chunk_tokens {self.loss_chunk_tokens} cannot be negative: give 0 (the whole "
@@ -189,7 +209,16 @@ def load_examples(tokenizer, max_length: int) -> tuple[list[dict], list[dict]]:
     )
     if not contract.has_channel("test"):
         return examples, []
-    return examples, data.read_channel("test", ["messages"], encode, check=check_conversation)[1]
+
+    def encode_test(row: dict) -> dict:
+        example = encode(row)
+        messages = row["messages"]
+        if messages[-1]["role"] == "assistant":  # the reference answer; the prompt is what comes before it
+            example["reference"] = messages[-1]["content"]
+            example["prompt_ids"] = data.prompt_token_ids(tokenizer, messages[:-1])
+        return example
+
+    return examples, data.read_channel("test", ["messages"], encode_test, check=check_conversation)[1]
 
 
 def collate(examples: list[dict], pad_token_id: int, device: torch.device) -> dict[str, torch.Tensor]:
@@ -288,6 +317,60 @@ def held_out_metrics(table: torch.Tensor, before: list[float] | None) -> tuple[d
     return record, per_conversation
 
 
+def answers_to(model, tokenizer, examples: list[dict], learners, max_new_tokens: int) -> list[str]:
+    """Greedy answers to the prompts of ``examples``: the learners share the work and each gets them all.
+
+    A learner answers its share alone (``generation.sample_requests``, which drops finished answers from the
+    batch as it goes: a third less time than keeping them, with SmolLM2 on a CPU), except with FSDP across
+    processes, whose every forward gathers weights with the other learners: there ``generate`` steps in time
+    with them (``HFGenerator``)."""
+    in_step = learners.world_size > 1 and distributed.is_fsdp(model)
+    stop_ids = generation.default_stop_ids(distributed.unwrap(model), tokenizer)
+    generator = generation.HFGenerator(model, tokenizer, learners, max_new_tokens=max_new_tokens, stop_ids=stop_ids)
+    mine = {}
+    for indices, counted in data.evaluation_batches(len(examples), learners, ANSWER_BATCH_SIZE):
+        prompts = [examples[i]["prompt_ids"] for i in indices]
+        if in_step:
+            _, texts = generator.generate(prompts, greedy=True)
+        else:
+            requests = [generation.SampleRequest(p, 1, max_new_tokens, temperature=0.0) for p in prompts]
+            model.eval()
+            try:
+                with distributed.autocast(learners):
+                    samples = generation.sample_requests(distributed.unwrap(model), tokenizer, requests, stop_ids)
+            finally:
+                model.train()
+            texts = [tokenizer.decode(s[0].tokens, skip_special_tokens=True) for s in samples]
+        if counted:
+            mine.update(zip(indices, texts, strict=True))
+    answered = distributed.merge_dicts(mine, learners)
+    return [answered[i] for i in range(len(examples))]
+
+
+def format_metrics(evaluation: dict, before: dict | None) -> dict:
+    """The metrics of one ``taught_format.format_evaluation``, with the paired change from ``before`` (the
+    starting model's evaluation of the same prompts), as ``held_out_metrics`` does for the loss."""
+    diversity = evaluation["answer_diversity"]
+    record = {
+        "eval_format_share": evaluation["share"],
+        "eval_format_share_se": evaluation["standard_error"],
+        "eval_format_conversations": evaluation["conversations"],
+        "eval_distinct_answers": diversity["distinct_answers"],
+        "eval_most_common_share": diversity["most_common_share"],
+    }
+    if before:
+        change, change_se = stats.paired_change(before["per_conversation"], evaluation["per_conversation"])
+        record |= {
+            "eval_format_share_before": before["share"],
+            "eval_format_share_before_se": before["standard_error"],
+            "eval_format_share_change": change,
+            "eval_format_share_change_se": change_se,
+            "eval_distinct_answers_before": before["answer_diversity"]["distinct_answers"],
+            "eval_most_common_share_before": before["answer_diversity"]["most_common_share"],
+        }
+    return record
+
+
 # --------------------------------------------------------------------------- model
 
 
@@ -331,6 +414,14 @@ def train(args: SFTArgs, learners: distributed.Learners) -> bool:
     # ---- data
     model_path, tokenizer = models.starting_model(args.model_name_or_path, learners)  # plain template if none
     examples, test_examples = load_examples(tokenizer, args.max_length)
+    # the test conversations whose reference answer teaches a format: their prompts are answered
+    answered_examples = [e for e in test_examples if taught_format.taught_format(e.get("reference", "")) is not None]
+    if not args.answer_max_tokens:
+        answered_examples = []
+
+    def format_evaluation() -> dict:
+        answers = answers_to(model, tokenizer, answered_examples, learners, args.answer_max_tokens)
+        return taught_format.format_evaluation([e["reference"] for e in answered_examples], answers)
 
     # ---- model, optimizer, schedule, batch order
     model = build_model(args, model_path, learners)
@@ -343,11 +434,15 @@ def train(args: SFTArgs, learners: distributed.Learners) -> bool:
     logger = run.start()
     # ---- the starting model on the test set (step 0), kept in every checkpoint for the paired change
     held_out_before = run.resumed.get("held_out_before") if run.resumed else None
+    format_before = run.resumed.get("format_before") if run.resumed else None
     if test_examples and run.start_step == 0:
         table = evaluate(
             model, test_examples, learners, args.per_device_batch_size, tokenizer.pad_token_id, args.loss_chunk_tokens
         )
         record, held_out_before = held_out_metrics(table, None)
+        if answered_examples:
+            format_before = format_evaluation()
+            record |= format_metrics(format_before, None)
         logger.log(0, record)
     log.info(
         "training steps %d..%d: %d conversations a step, %d micro-batches of %d on each of %d processes",
@@ -406,10 +501,12 @@ def train(args: SFTArgs, learners: distributed.Learners) -> bool:
                     args.loss_chunk_tokens,
                 )
                 record.update(held_out_metrics(table, held_out_before)[0])
+                if answered_examples and step == args.max_steps:
+                    record |= format_metrics(format_evaluation(), format_before)
             logger.log(step, record)
 
         # ---- checkpoints by steps/minutes; on SIGTERM save and stop (the restarted job resumes here)
-        if run.end_step(step, held_out_before=held_out_before):
+        if run.end_step(step, held_out_before=held_out_before, format_before=format_before):
             return False
 
     run.finish(tokenizer)

@@ -287,6 +287,15 @@ def reduce_sums(sums: dict[str, float | torch.Tensor], learners: Learners) -> di
     return {name: totals[name] for name in sums}
 
 
+def merge_dicts(values: dict, learners: Learners) -> dict:
+    """The union of every learner's ``values`` (picklable; keys each learner owns alone), on every learner."""
+    if not learners.distributed:
+        return dict(values)
+    gathered: list[dict | None] = [None] * learners.world_size
+    dist.all_gather_object(gathered, values)
+    return {key: value for part in gathered for key, value in part.items()}
+
+
 def any_flag(flag: bool, learners: Learners) -> bool:
     """True on every learner if ``flag`` is true on any (all stop at the same step)."""
     return bool(all_reduce_sum(1.0 if flag else 0.0, learners).item() > 0)

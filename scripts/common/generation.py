@@ -112,7 +112,7 @@ class HFGenerator:
         self.max_new_tokens = max_new_tokens
         self.temperature = temperature
         self.top_p = top_p
-        self.stop_ids = stop_ids if stop_ids is not None else default_stop_ids(model, tokenizer)
+        self.stop_ids = stop_ids if stop_ids is not None else default_stop_ids(distributed.unwrap(model), tokenizer)
         self.stop_strings = [text for text in stop_strings or [] if text]
         # FSDP layers gather their weights in every forward, a collective: learners that finish their
         # completions early must keep stepping until all have finished, or the others wait forever.

@@ -326,9 +326,35 @@ def test_sft_job_scores_the_held_out_conversations_before_its_first_step_and_aft
     (row,) = [
         r
         for r in rows(recorded(notebook_run.out / "work"))
-        if r["what"].startswith("SFT (training job)") and r["notebook"] == prefix
+        if r["what"].startswith("SFT (training job): held-out loss") and r["notebook"] == prefix
     ]
     assert row["verdict"] == "gain", row  # the loss fell beyond two standard errors of its paired change
+    # the starting model's and the SFT model's greedy answers to the prompts that teach a format, paired; the
+    # tiny model does not learn the format in these steps (0.000 -> 0.036 and 0.000 in the quick run)
+    assert after["eval_format_share_before"] == before["eval_format_share"]
+    assert after["eval_format_conversations"] == before["eval_format_conversations"] > 0
+    (row,) = [
+        r
+        for r in rows(recorded(notebook_run.out / "work"))
+        if r["what"].startswith("SFT (training job): held-out answers in the taught format") and r["notebook"] == prefix
+    ]
+    assert row["verdict"] in ("gain", "not a gain", "collapsed: not a gain") and "->" in row["distinct"], row
+
+
+def test_session_sft_checks_the_format_of_its_held_out_answers_before_and_after(notebook_run):
+    """Notebook 07 asks the same held-out prompts for a greedy answer before and after its loop and records the
+    share in the taught format as a paired held-out change, with each model's answers counted."""
+    from helpers.results import recorded, rows
+
+    (record,) = [s for s in notebook_run.summary["training_sessions"] if s["notebook"].startswith("07")]
+    held_out = record["held_out"]
+    assert held_out["measure"] == "share of answers in the taught format"
+    assert held_out["problems"] == held_out["before_answer_diversity"]["answers"] > 0
+    assert held_out["change"] == pytest.approx(held_out["after"] - held_out["before"])
+    (row,) = [
+        r for r in rows(recorded(notebook_run.out / "work")) if r["notebook"] == "07" and "taught format" in r["what"]
+    ]
+    assert row["unit"] == "share of answers in the format" and row["judged"], row
 
 
 def test_dpo_learns_to_prefer_the_chosen_answers(notebook_run):

@@ -249,6 +249,34 @@ def test_a_lower_loss_is_the_gain_of_a_loss_figure():
     assert results.verdict(0.5, 0.1, answers=False, lower_is_better=True) == "not a gain"
 
 
+@pytest.mark.parametrize("most_common_share, verdict", [(0.25, "gain"), (0.75, "collapsed: not a gain")])
+def test_an_sft_jobs_share_of_answers_in_the_taught_format_is_a_row_and_a_collapse_is_refused(
+    most_common_share, verdict
+):
+    final = {  # the last metric line of sft.py with a test channel
+        "eval_format_share": 0.9,
+        "eval_format_share_se": 0.05,
+        "eval_format_conversations": 28,
+        "eval_format_share_before": 0.1,
+        "eval_format_share_before_se": 0.05,
+        "eval_format_share_change": 0.8,
+        "eval_format_share_change_se": 0.08,
+        "eval_distinct_answers_before": 3,
+        "eval_most_common_share_before": 0.1,
+        "eval_distinct_answers": 19,
+        "eval_most_common_share": most_common_share,
+    }
+    (row,) = results.rows({"jobs": [{"notebook": "11_model_trainer_sft", "final_metrics": final}]})
+    assert row["notebook"] == "11" and "taught format, 28 prompts" in row["what"]
+    assert (row["before"], row["after"], row["change"]) == (
+        "0.100 ± 0.050",
+        "0.900 ± 0.050",
+        "+0.800 ± 0.080, +10.0 s.e.",
+    )
+    assert row["verdict"] == verdict
+    assert row["distinct"] == "3 -> 19"
+
+
 def test_write_between_markers_and_check(tmp_path):
     summary_file = tmp_path / "summary.json"
     summary_file.write_text(json.dumps(SUMMARY))

@@ -86,6 +86,17 @@ def test_script_runs_through_the_container_contract(
             _value(last, "eval_conversation_loss") - _value(last, "eval_conversation_loss_before"), abs=1e-3
         )
         assert _value(last, "eval_conversation_loss_change_se") > 0
+        # the answers to the test prompts whose reference teaches a format: 7 of every 8 offline conversations
+        # (small talk teaches none), at step 0 and at the last step, paired
+        share = _value(before, "eval_format_share")
+        assert 0 <= share <= 1 and _value(before, "eval_format_conversations") > 0, before
+        assert _value(last, "eval_format_conversations") == _value(before, "eval_format_conversations")
+        assert _value(last, "eval_format_share_before") == pytest.approx(share, abs=1e-3)
+        assert _value(last, "eval_format_share_change") == pytest.approx(
+            _value(last, "eval_format_share") - share, abs=1e-3
+        )
+        assert _value(last, "eval_distinct_answers") >= 0 and 0 <= _value(last, "eval_most_common_share") <= 1
+        assert "eval_format_share=" not in lines[-2]  # answers at step 0 and the last step only
     for line in lines:
         assert METRIC_LINE.match(line), line
         for name in names:
@@ -106,17 +117,18 @@ def test_script_runs_through_the_container_contract(
 
 
 def test_sft_with_lora_saves_a_merged_plain_model_and_resumes(
-    tmp_path, offline_data, run_in_process, tiny_args, same_weights, caplog
+    tmp_path, offline_data, run_in_process, tiny_args, same_weights, read_metrics, caplog
 ):
     import logging
     import shutil
 
-    channels = {"train": offline_data["chat"]}
+    channels = {"train": offline_data["chat"], "test": offline_data["chat"]}
     args = [*tiny_args, "--max_steps", "3", "--lora_r", "4", "--checkpoint_every", "1", "--keep_checkpoints", "2"]
     run_in_process("sft", args, tmp_path, channels)
     assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["step_00000002", "step_00000003"]
     assert not (tmp_path / "model" / "adapter_config.json").exists()
     _reloads_and_generates(tmp_path / "model")
+    uninterrupted = read_metrics(tmp_path)[-1]
 
     # As if stopped after step 2: the adapter-only checkpoint resumes to the same merged weights.
     shutil.move(tmp_path / "model", tmp_path / "uninterrupted")
@@ -125,6 +137,10 @@ def test_sft_with_lora_saves_a_merged_plain_model_and_resumes(
         run_in_process("sft", args, tmp_path, channels)
     assert f"resumed from {tmp_path / 'checkpoints' / 'step_00000002'}" in caplog.text
     same_weights(tmp_path / "uninterrupted", tmp_path / "model")
+    # the starting model's held-out loss and answers came back from the checkpoint: the same paired changes
+    resumed = read_metrics(tmp_path)[-1]
+    for name in ("eval_conversation_loss_change", "eval_format_share_before", "eval_format_share_change"):
+        assert resumed[name] == pytest.approx(uninterrupted[name], abs=1e-6), name
 
 
 # --------------------------------------------------------------------------- bad input

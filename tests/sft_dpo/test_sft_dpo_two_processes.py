@@ -20,6 +20,10 @@ def _compare(one: list[dict], two: list[dict], steps: int) -> None:
     for name in ("eval_likelihood_accuracy", "eval_reference_likelihood_accuracy", "eval_likelihood_accuracy_change"):
         if name in one[-1]:  # each learner scores its share of the pairs; every pair is counted once
             assert (two[0][name], two[-1][name]) == (one[0][name], one[-1][name]), name
+    if "eval_format_conversations" in one[-1]:  # sft.py: the learners share the prompts out, each answered once
+        for record in (two[0], two[-1]):
+            assert record["eval_format_conversations"] == one[-1]["eval_format_conversations"], record
+            assert 0 <= record["eval_format_share"] <= 1, record
 
 
 def _compare_weights(one_dir, two_dir) -> None:
